@@ -1,0 +1,3 @@
+"""Written by tools/bump_version.py from the root VERSION file."""
+
+__version__ = "0.1.0"
