@@ -1,0 +1,105 @@
+"""Checkpoint directories: PEFT adapter files plus training state, written atomically.
+
+Layout of ``<output_dir>/<name>/``::
+
+    adapter_config.json          PEFT config (peft.PeftModel.from_pretrained and vLLM load it)
+    adapter_model.safetensors    PEFT-keyed LoRA weights
+    trainer_state.json           step, consumed samples, train configs
+    optimizer.pt scheduler.pt rng_state.pt   only with save_optimizer=True
+    pending_grads.pt             ... and when saved mid gradient-accumulation window
+
+Everything is written to a hidden temporary sibling and renamed into place, so a crash mid-save
+never leaves a directory that looks like a complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+TRAINER_STATE = "trainer_state.json"
+OPTIMIZER_STATE = "optimizer.pt"
+SCHEDULER_STATE = "scheduler.pt"
+RNG_STATE = "rng_state.pt"
+# Gradients accumulated inside an unfinished accumulation window, so a resume continues exactly.
+PENDING_GRADS = "pending_grads.pt"
+
+
+def validate_checkpoint_name(name: str) -> str:
+    """A checkpoint name is one plain path component: no separators, no '..', not absolute.
+
+    Raises:
+        ValueError: On anything that could escape the output directory.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError("checkpoint name must be a non-empty string")
+    if name in (".", "..") or "/" in name or "\\" in name or "\x00" in name or name.startswith("."):
+        raise ValueError(f"invalid checkpoint name {name!r}: use one plain directory name")
+    return name
+
+
+@contextmanager
+def atomic_directory(final: Path):
+    """Yield a temporary directory that replaces ``final`` only if the block succeeds."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        yield tmp
+        for path in tmp.iterdir():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+        if final.exists():
+            old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(final, old)
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str))
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def capture_rng_state() -> dict[str, Any]:
+    import torch
+
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    import torch
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def require_checkpoint(path: str | os.PathLike) -> Path:
+    """The checkpoint directory, or a clear error when it is not one.
+
+    Raises:
+        FileNotFoundError: When the directory or its adapter files are missing.
+    """
+    directory = Path(path)
+    if not (directory / ADAPTER_WEIGHTS).is_file() and not (directory / "model.safetensors").is_file():
+        raise FileNotFoundError(f"{directory} is not a checkpoint: no {ADAPTER_WEIGHTS} in it")
+    return directory

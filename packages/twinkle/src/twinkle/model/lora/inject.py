@@ -1,0 +1,135 @@
+"""Attach adapters to a transformers model and move their weights in PEFT's layout."""
+
+from __future__ import annotations
+
+import re
+import zlib
+
+import torch
+from torch import nn
+
+from twinkle.model.lora.layer import LoraRouter, MultiLoraLinear
+from twinkle.model.lora.spec import AdapterSpec
+
+PEFT_PREFIX = "base_model.model."
+
+
+def _output_layer_names(model: nn.Module) -> set[str]:
+    get_out = getattr(model, "get_output_embeddings", None)
+    out = get_out() if get_out else None
+    return {name for name, module in model.named_modules() if out is not None and module is out}
+
+
+def resolve_target_modules(model: nn.Module, target_modules) -> list[str]:
+    """Full module names a PEFT ``target_modules`` selector picks, among the model's linears.
+
+    ``'all-linear'`` takes every linear layer but the output (LM head) layer; a string is a regex
+    matched against the full name; a list matches names or name suffixes, as PEFT does.
+
+    Raises:
+        ValueError: When the selector matches no linear layer.
+    """
+    excluded = _output_layer_names(model)
+    linears = [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, (nn.Linear, MultiLoraLinear)) and not _inside_lora(name) and name not in excluded
+    ]
+    if target_modules == "all-linear":
+        chosen = linears
+    elif isinstance(target_modules, str):
+        pattern = re.compile(target_modules)
+        chosen = [n for n in linears if pattern.fullmatch(n)]
+    else:
+        targets = list(target_modules)
+        chosen = [n for n in linears if any(n == t or n.endswith("." + t) for t in targets)]
+    if not chosen:
+        raise ValueError(f"target_modules={target_modules!r} matches no linear layer of the model")
+    return chosen
+
+
+def _inside_lora(name: str) -> bool:
+    parts = name.split(".")
+    return "lora_A" in parts or "lora_B" in parts or parts[-1] == "base_layer"
+
+
+def _adapter_seed(spec: AdapterSpec, module_name: str) -> int:
+    return (spec.seed * 1_000_003 + zlib.crc32(module_name.encode())) % (2**63)
+
+
+def inject_adapter(model: nn.Module, router: LoraRouter, spec: AdapterSpec) -> list[str]:
+    """Add ``spec``'s adapter to its target linears (wrapping them on first use).
+
+    Returns:
+        The full names of the modules that carry the adapter.
+    """
+    names = resolve_target_modules(model, spec.target_modules)
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        module = getattr(parent, child)
+        if not isinstance(module, MultiLoraLinear):
+            module.weight.requires_grad_(False)
+            if module.bias is not None:
+                module.bias.requires_grad_(False)
+            module = MultiLoraLinear(module, router)
+            setattr(parent, child, module)
+        generator = torch.Generator().manual_seed(_adapter_seed(spec, name))
+        module.add_adapter(spec, generator)
+    return names
+
+
+def lora_layers(model: nn.Module) -> dict[str, MultiLoraLinear]:
+    return {name: m for name, m in model.named_modules() if isinstance(m, MultiLoraLinear)}
+
+
+def remove_adapter(model: nn.Module, name: str) -> None:
+    """Drop ``name``'s weights from every layer (wrapped layers stay; they cost nothing without adapters)."""
+    for layer in lora_layers(model).values():
+        layer.remove_adapter(name)
+
+
+def adapter_parameters(model: nn.Module, name: str) -> list[nn.Parameter]:
+    """The trainable parameters of one adapter, in a stable order."""
+    params = []
+    for layer in lora_layers(model).values():
+        if name in layer.lora_A:
+            params.extend([layer.lora_A[name].weight, layer.lora_B[name].weight])
+    return params
+
+
+def adapter_state_dict(model: nn.Module, name: str) -> dict[str, torch.Tensor]:
+    """``name``'s weights under PEFT's saved keys (``base_model.model.<module>.lora_A.weight``)."""
+    state = {}
+    for module_name, layer in lora_layers(model).items():
+        if name in layer.lora_A:
+            prefix = PEFT_PREFIX + module_name
+            state[f"{prefix}.lora_A.weight"] = layer.lora_A[name].weight.detach().cpu().contiguous()
+            state[f"{prefix}.lora_B.weight"] = layer.lora_B[name].weight.detach().cpu().contiguous()
+    return state
+
+
+def load_adapter_state_dict(model: nn.Module, name: str, state: dict[str, torch.Tensor]) -> None:
+    """Copy PEFT-keyed weights into adapter ``name``; every key must match in name and shape.
+
+    Raises:
+        ValueError: On missing or unexpected keys, or a shape mismatch (e.g. another rank or
+            another base model).
+    """
+    expected = adapter_state_dict(model, name)
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise ValueError(
+            f"adapter weights do not fit adapter {name!r}: "
+            f"missing {missing[:3]}{'...' if len(missing) > 3 else ''}, "
+            f"unexpected {unexpected[:3]}{'...' if len(unexpected) > 3 else ''}"
+        )
+    layers = lora_layers(model)
+    with torch.no_grad():
+        for key, value in state.items():
+            module_name, kind, _ = key[len(PEFT_PREFIX) :].rsplit(".", 2)
+            target = getattr(layers[module_name], kind)[name].weight
+            if tuple(target.shape) != tuple(value.shape):
+                raise ValueError(f"{key}: saved shape {tuple(value.shape)} != adapter shape {tuple(target.shape)}")
+            target.copy_(value.to(target.dtype))

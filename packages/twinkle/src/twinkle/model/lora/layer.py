@@ -1,0 +1,120 @@
+"""A frozen linear layer with a pool of LoRA adapters, applied per row segment."""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from twinkle.model.lora.ops import LoraSegment, segmented_lora_reference
+from twinkle.model.lora.spec import AdapterSpec
+
+
+@dataclass(frozen=True)
+class RowRoute:
+    """Rows ``start:end`` of the current batch use adapter ``adapter``."""
+
+    adapter: str
+    start: int
+    end: int
+
+
+class LoraRouter:
+    """Tells every :class:`MultiLoraLinear` of one model which rows use which adapter.
+
+    The model sets the routes for one forward pass; with no routes the base model runs alone
+    (that is how reference log-probabilities are computed with the adapters disabled).
+    """
+
+    def __init__(self) -> None:
+        self.routes: tuple[RowRoute, ...] = ()
+
+    @contextmanager
+    def route(self, routes: list[RowRoute]):
+        """Use ``routes`` (non-overlapping, any order) for the forward passes inside the block."""
+        previous = self.routes
+        self.routes = tuple(sorted(routes, key=lambda r: r.start))
+        try:
+            yield
+        finally:
+            self.routes = previous
+
+
+class MultiLoraLinear(nn.Module):
+    """``base_layer(x)`` plus, for each routed row segment, that segment's adapter delta.
+
+    Parameter names follow PEFT (``lora_A.<adapter>.weight``, ``lora_B.<adapter>.weight``) so a
+    saved adapter is a standard PEFT checkpoint.
+    """
+
+    def __init__(self, base_layer: nn.Linear, router: LoraRouter) -> None:
+        super().__init__()
+        self.base_layer = base_layer
+        self.lora_A = nn.ModuleDict()
+        self.lora_B = nn.ModuleDict()
+        self.lora_dropout = nn.ModuleDict()
+        self.scaling: dict[str, float] = {}
+        # A plain attribute, not a submodule: the router is shared by every layer of the model.
+        object.__setattr__(self, "_router", router)
+
+    @property
+    def in_features(self) -> int:
+        return self.base_layer.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.base_layer.out_features
+
+    def add_adapter(self, spec: AdapterSpec, generator: torch.Generator) -> None:
+        """Create ``spec.name``'s A and B; B starts at zero so the adapter starts as a no-op."""
+        weight = self.base_layer.weight
+        lora_a = nn.Linear(self.in_features, spec.r, bias=False, device=weight.device, dtype=weight.dtype)
+        lora_b = nn.Linear(spec.r, self.out_features, bias=False, device=weight.device, dtype=weight.dtype)
+        with torch.no_grad():
+            # Kaiming-uniform with a=sqrt(5), as nn.Linear and PEFT do, but from our own generator.
+            bound = 1.0 / math.sqrt(self.in_features)
+            lora_a.weight.copy_(torch.rand(lora_a.weight.shape, generator=generator) * 2 * bound - bound)
+            if spec.init_lora_weights:
+                lora_b.weight.zero_()
+            else:
+                b_bound = 1.0 / math.sqrt(spec.r)
+                lora_b.weight.copy_(torch.rand(lora_b.weight.shape, generator=generator) * 2 * b_bound - b_bound)
+        self.lora_A[spec.name] = lora_a
+        self.lora_B[spec.name] = lora_b
+        self.lora_dropout[spec.name] = nn.Dropout(spec.lora_dropout) if spec.lora_dropout > 0 else nn.Identity()
+        self.scaling[spec.name] = spec.scaling
+
+    def remove_adapter(self, name: str) -> None:
+        for table in (self.lora_A, self.lora_B, self.lora_dropout):
+            if name in table:
+                del table[name]
+        self.scaling.pop(name, None)
+
+    def segments(self, rows: int) -> list[LoraSegment]:
+        """The current routes that have an adapter in this layer, as op segments."""
+        segments = []
+        for route in self._router.routes:
+            if route.adapter not in self.lora_A or route.start >= rows:
+                continue
+            dropout = self.lora_dropout[route.adapter]
+            segments.append(
+                LoraSegment(
+                    start=route.start,
+                    end=min(route.end, rows),
+                    lora_A=self.lora_A[route.adapter].weight,
+                    lora_B=self.lora_B[route.adapter].weight,
+                    scaling=self.scaling[route.adapter],
+                    dropout=None if isinstance(dropout, nn.Identity) else dropout,
+                )
+            )
+        return segments
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.base_layer(x)
+        segments = self.segments(x.shape[0])
+        if not segments:
+            return out
+        return out + segmented_lora_reference(x, segments, self.out_features).to(out.dtype)

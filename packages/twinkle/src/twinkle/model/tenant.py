@@ -1,0 +1,82 @@
+"""Everything one tenant owns on a shared model: adapter, optimizer, loss, template, progress."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from twinkle.model.lora.spec import AdapterSpec
+from twinkle.model.metrics import MetricAccumulator
+
+
+class TrainConfigs(BaseModel):
+    """A tenant's training configuration, as ``get_train_configs()`` reports it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    adapter_name: str
+    model_id: str
+    lora: dict[str, Any] | None
+    gradient_accumulation_steps: int
+    loss: dict[str, Any] | None
+    optimizer: dict[str, Any] | None
+    lr_scheduler: dict[str, Any] | None
+    template: str | None
+    processor: dict[str, Any] | None
+
+
+@dataclass
+class Tenant:
+    """Mutable per-tenant state. Nothing in here is shared with any other tenant."""
+
+    name: str
+    spec: AdapterSpec | None
+    params: list
+    gradient_accumulation_steps: int = 1
+    loss: Any = None
+    loss_config: dict[str, Any] | None = None
+    optimizer: Any = None
+    optimizer_config: dict[str, Any] | None = None
+    scheduler: Any = None
+    scheduler_config: dict[str, Any] | None = None
+    template: Any = None
+    template_name: str | None = None
+    processor: Any = None
+    processor_config: dict[str, Any] | None = None
+    micro_step: int = 0
+    cur_step: int = 0
+    consumed_train_samples: int = 0
+    last_grad_norm: float | None = None
+    pending_grads: bool = False
+    last_forward: Any = None
+    train_metrics: MetricAccumulator = field(default_factory=MetricAccumulator)
+    eval_metrics: MetricAccumulator = field(default_factory=MetricAccumulator)
+
+    def lr(self) -> float | None:
+        if self.optimizer is None:
+            return None
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def train_configs(self, model_id: str) -> TrainConfigs:
+        lora = None
+        if self.spec is not None:
+            lora = {
+                "r": self.spec.r,
+                "lora_alpha": self.spec.lora_alpha,
+                "lora_dropout": self.spec.lora_dropout,
+                "use_rslora": self.spec.use_rslora,
+                "target_modules": self.spec.target_modules,
+            }
+        return TrainConfigs(
+            adapter_name=self.name,
+            model_id=model_id,
+            lora=lora,
+            gradient_accumulation_steps=self.gradient_accumulation_steps,
+            loss=self.loss_config,
+            optimizer=self.optimizer_config,
+            lr_scheduler=self.scheduler_config,
+            template=self.template_name,
+            processor=self.processor_config,
+        )

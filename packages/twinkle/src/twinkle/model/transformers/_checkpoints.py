@@ -1,0 +1,112 @@
+"""Save, load and resume one tenant of a MultiLoraTransformersModel."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from twinkle.model import checkpoint as ckpt
+from twinkle.model.lora import adapter_state_dict, load_adapter_state_dict, resolve_target_modules
+from twinkle.model.tenant import Tenant
+
+
+def _peft_config(model, tenant: Tenant) -> dict[str, Any]:
+    spec = tenant.spec
+    config = {k: v for k, v in spec.peft_config.items() if _jsonable(v)}
+    prefix_free = sorted({n.rsplit(".", 1)[-1] for n in resolve_target_modules(model.model, spec.target_modules)})
+    config.update(
+        peft_type="LORA",
+        task_type="CAUSAL_LM",
+        r=spec.r,
+        lora_alpha=spec.lora_alpha,
+        lora_dropout=spec.lora_dropout,
+        use_rslora=spec.use_rslora,
+        # Resolved names, so PEFT and vLLM attach to exactly the layers we trained.
+        target_modules=prefix_free if spec.target_modules == "all-linear" else spec.target_modules,
+        base_model_name_or_path=str(model.model_dir),
+        inference_mode=True,
+    )
+    return config
+
+
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value)
+        return True
+    except TypeError:
+        return False
+
+
+def default_output_dir(tenant: Tenant) -> Path:
+    return Path(os.environ.get("TWINKLE_OUTPUT_DIR", "output")) / tenant.name
+
+
+def save(model, tenant: Tenant, name: str, output_dir, save_optimizer: bool, consumed_train_samples: int | None) -> str:
+    ckpt.validate_checkpoint_name(name)
+    final = Path(output_dir) / name if output_dir is not None else default_output_dir(tenant) / name
+    progress = {
+        "adapter_name": tenant.name,
+        "cur_step": tenant.cur_step,
+        "micro_step": tenant.micro_step,
+        "consumed_train_samples": (
+            tenant.consumed_train_samples if consumed_train_samples is None else int(consumed_train_samples)
+        ),
+        "base_model": model.model_id,
+        "has_optimizer": bool(save_optimizer and tenant.optimizer is not None),
+        "train_configs": tenant.train_configs(model.model_id).model_dump(),
+    }
+    with ckpt.atomic_directory(final) as tmp:
+        ckpt.write_json(tmp / ckpt.ADAPTER_CONFIG, _peft_config(model, tenant))
+        save_file(adapter_state_dict(model.model, tenant.name), str(tmp / ckpt.ADAPTER_WEIGHTS))
+        ckpt.write_json(tmp / ckpt.TRAINER_STATE, progress)
+        if progress["has_optimizer"]:
+            torch.save(tenant.optimizer.state_dict(), tmp / ckpt.OPTIMIZER_STATE)
+            if tenant.scheduler is not None:
+                torch.save(tenant.scheduler.state_dict(), tmp / ckpt.SCHEDULER_STATE)
+            torch.save(ckpt.capture_rng_state(), tmp / ckpt.RNG_STATE)
+            if tenant.pending_grads:
+                torch.save([p.grad for p in tenant.params], tmp / ckpt.PENDING_GRADS)
+    return str(final)
+
+
+def load_weights(model, tenant: Tenant, path: Path) -> None:
+    directory = ckpt.require_checkpoint(path)
+    config_path = directory / ckpt.ADAPTER_CONFIG
+    if config_path.is_file():
+        saved_rank = ckpt.read_json(config_path).get("r")
+        if saved_rank is not None and saved_rank != tenant.spec.r:
+            raise ValueError(f"checkpoint {directory} has rank {saved_rank}, adapter {tenant.name!r} has rank {tenant.spec.r}")
+    load_adapter_state_dict(model.model, tenant.name, load_file(str(directory / ckpt.ADAPTER_WEIGHTS)))
+
+
+def resume(model, tenant: Tenant, path: Path) -> dict[str, Any]:
+    directory = ckpt.require_checkpoint(path)
+    state_path = directory / ckpt.TRAINER_STATE
+    if not state_path.is_file():
+        raise FileNotFoundError(f"{directory} has no {ckpt.TRAINER_STATE}: it cannot be resumed (use load())")
+    progress = ckpt.read_json(state_path)
+    if not progress.get("has_optimizer"):
+        raise ValueError(f"{directory} was saved without optimizer state (save_optimizer=False): use load() for weights only")
+    load_weights(model, tenant, directory)
+    if tenant.optimizer is None:
+        configs = progress.get("train_configs", {}).get("optimizer") or {"name": "Adam"}
+        configs = dict(configs)
+        model.set_optimizer(configs.pop("name"), adapter_name=tenant.name, **configs)
+    tenant.optimizer.load_state_dict(torch.load(directory / ckpt.OPTIMIZER_STATE, weights_only=False))
+    if tenant.scheduler is not None and (directory / ckpt.SCHEDULER_STATE).is_file():
+        tenant.scheduler.load_state_dict(torch.load(directory / ckpt.SCHEDULER_STATE, weights_only=False))
+    ckpt.restore_rng_state(torch.load(directory / ckpt.RNG_STATE, weights_only=False))
+    tenant.cur_step = int(progress["cur_step"])
+    tenant.micro_step = int(progress.get("micro_step", 0))
+    tenant.consumed_train_samples = int(progress["consumed_train_samples"])
+    pending = directory / ckpt.PENDING_GRADS
+    grads = torch.load(pending, weights_only=False) if pending.is_file() else [None] * len(tenant.params)
+    for param, grad in zip(tenant.params, grads):
+        param.grad = None if grad is None else grad.to(param.device)
+    tenant.pending_grads = pending.is_file()
+    return {k: progress[k] for k in ("cur_step", "consumed_train_samples", "micro_step", "adapter_name", "base_model")}

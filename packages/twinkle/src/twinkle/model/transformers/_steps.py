@@ -1,0 +1,213 @@
+"""The training step itself: collate a tenant's inputs, run the base model once for one or many
+tenants, apply each tenant's own loss to its own rows, backpropagate once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from twinkle.model.lora import RowRoute
+from twinkle.model.metrics import MetricAccumulator
+from twinkle.model.tenant import Tenant
+from twinkle.model.transformers.batch import (
+    IGNORE_INDEX,
+    PER_TOKEN_KEYS,
+    as_float_tensor,
+    is_collated,
+    shift_left,
+    split_inputs,
+    token_logprobs,
+)
+
+if TYPE_CHECKING:
+    from twinkle.model.transformers.multi_lora import MultiLoraTransformersModel
+
+_PAD_VALUES = {"input_ids": 0, "attention_mask": 0, "labels": IGNORE_INDEX, "position_ids": 0}
+
+
+@dataclass
+class ForwardState:
+    """One tenant's micro-batch through one forward pass."""
+
+    tenant: str
+    tensors: dict[str, torch.Tensor]
+    targets: torch.Tensor
+    mask: torch.Tensor
+    extras: dict[str, torch.Tensor | None]
+    logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+    correct: int = 0
+    loss_output: Any = None
+    num_samples: int = 0
+    loss_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def collate(model: MultiLoraTransformersModel, tenant: Tenant, inputs: Any, kwargs: dict[str, Any]) -> ForwardState:
+    """Turn the tenant's inputs into padded tensors, shifted targets and loss extras."""
+    if is_collated(inputs):
+        tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+    else:
+        items, needs_template = split_inputs(inputs)
+        template = model._template(tenant)
+        features = template.batch_encode(items) if needs_template else items
+        _check_lengths(tenant, template, features)
+        tensors = model._processor(tenant)(features)
+    input_ids = tensors["input_ids"]
+    vocab = model.model.get_input_embeddings().weight.shape[0]
+    if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
+        raise ValueError(f"input_ids out of the vocabulary range [0, {vocab})")
+    if "labels" not in tensors:
+        raise ValueError("inputs carry no labels: encode them with a template or pass labels")
+    rows, seq = input_ids.shape
+    extras = {}
+    for key in PER_TOKEN_KEYS:
+        value = kwargs.pop(key, None)
+        if value is None and key in tensors and key not in _PAD_VALUES:
+            value = tensors[key]
+        extras[key] = None if value is None else as_float_tensor(value, rows, seq, key)
+    targets = shift_left(tensors["labels"], IGNORE_INDEX)
+    return ForwardState(
+        tenant=tenant.name,
+        tensors={k: tensors[k] for k in _PAD_VALUES if k in tensors},
+        targets=targets,
+        mask=(targets != IGNORE_INDEX).float(),
+        extras=extras,
+        num_samples=rows,
+        loss_kwargs=kwargs,
+    )
+
+
+def _check_lengths(tenant: Tenant, template: Any, features: list[Any]) -> None:
+    limit = getattr(template, "max_length", None)
+    if not limit:
+        return
+    for i, feature in enumerate(features):
+        length = len(feature["input_ids"])
+        if length > limit:
+            raise ValueError(f"adapter {tenant.name!r}: sample {i} has {length} tokens, over max_length={limit}")
+
+
+def _pad_to(tensor: torch.Tensor, seq: int, value: float | int) -> torch.Tensor:
+    if tensor.shape[1] == seq:
+        return tensor
+    pad = tensor.new_full((tensor.shape[0], seq - tensor.shape[1], *tensor.shape[2:]), value)
+    return torch.cat([tensor, pad], dim=1)
+
+
+def run_base(model: MultiLoraTransformersModel, states: list[ForwardState], routes: list[RowRoute] | None) -> torch.Tensor:
+    """One forward over the rows of ``states`` stacked (right-padded to a common length)."""
+    seq = max(s.tensors["input_ids"].shape[1] for s in states)
+    batch = {}
+    for key, pad in _PAD_VALUES.items():
+        if all(key in s.tensors for s in states):
+            batch[key] = torch.cat([_pad_to(s.tensors[key], seq, pad) for s in states]).to(model.device)
+    batch.pop("labels", None)
+    with model.router.route(routes or []):
+        return model.model(**batch, use_cache=False).logits
+
+
+def _attach_logprobs(states: list[ForwardState], logits: torch.Tensor, attr: str) -> None:
+    row = 0
+    for state in states:
+        rows, seq = state.targets.shape
+        lp = token_logprobs(logits[row : row + rows, :seq], state.targets.to(logits.device))
+        setattr(state, attr, lp)
+        if attr == "logprobs":
+            predicted = logits[row : row + rows, :seq].argmax(-1).cpu()
+            state.correct = int(((predicted == state.targets) & (state.targets != IGNORE_INDEX)).sum())
+        row += rows
+
+
+def forward_states(model: MultiLoraTransformersModel, states: list[ForwardState], grad: bool) -> None:
+    """Fill each state's log-probs (one fused pass) and, where its loss wants them, reference log-probs."""
+    routes, row = [], 0
+    for state in states:
+        routes.append(RowRoute(state.tenant, row, row + state.num_samples))
+        row += state.num_samples
+    with torch.set_grad_enabled(grad):
+        _attach_logprobs(states, run_base(model, states, routes), "logprobs")
+    needing_ref = [s for s in states if getattr(model.tenants[s.tenant].loss, "needs_reference", False)]
+    if needing_ref:
+        with torch.no_grad():
+            _attach_logprobs(needing_ref, run_base(model, needing_ref, routes=None), "ref_logprobs")
+
+
+def forward(model, tenant: Tenant, inputs: Any, kwargs: dict[str, Any], grad: bool) -> ForwardState:
+    state = collate(model, tenant, inputs, dict(kwargs))
+    forward_states(model, [state], grad)
+    return state
+
+
+def compute_loss(model, tenant: Tenant, state: ForwardState, kwargs: dict[str, Any]) -> None:
+    from twinkle.loss import LossInputs
+
+    device = state.logprobs.device
+    extras = {k: (v.to(device) if v is not None else None) for k, v in state.extras.items()}
+    ref = extras.pop("ref_logprobs")
+    inputs = LossInputs(
+        logprobs=state.logprobs,
+        mask=state.mask.to(device),
+        target_tokens=state.targets.to(device),
+        advantages=extras["advantages"],
+        old_logprobs=extras["old_logprobs"],
+        ref_logprobs=ref if ref is not None else state.ref_logprobs,
+        weights=extras["weights"],
+        extra=dict(state.loss_kwargs),
+    )
+    state.loss_output = tenant.loss(inputs)
+
+
+def fused_forward_backward(model, requests: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """See ``MultiLoraTransformersModel.forward_backward_many``."""
+    if not requests:
+        raise ValueError("forward_backward_many needs at least one request")
+    states = []
+    for name, request in requests.items():
+        tenant = model._tenant(name)
+        request = dict(request)
+        if "inputs" not in request:
+            raise ValueError(f"request for adapter {name!r} has no 'inputs'")
+        states.append(collate(model, tenant, request.pop("inputs"), request))
+    forward_states(model, states, grad=True)
+    total = None
+    for state in states:
+        tenant = model.tenants[state.tenant]
+        compute_loss(model, tenant, state, state.loss_kwargs)
+        scaled = state.loss_output.loss / tenant.gradient_accumulation_steps
+        total = scaled if total is None else total + scaled
+    total.backward()
+    for state in states:
+        record_train_metrics(model.tenants[state.tenant], state)
+    return {state.tenant: public_output(state) for state in states}
+
+
+def record_metrics(accumulator: MetricAccumulator, state: ForwardState) -> None:
+    out = state.loss_output
+    metrics = {k: float(v) for k, v in (out.metrics or {}).items() if k != "loss"}
+    accumulator.add(float(out.loss.detach()), state.correct, int(state.mask.sum()), metrics)
+
+
+def record_train_metrics(tenant: Tenant, state: ForwardState) -> None:
+    tenant.pending_grads = True
+    tenant.consumed_train_samples += state.num_samples
+    record_metrics(tenant.train_metrics, state)
+
+
+def public_forward_output(state: ForwardState) -> dict[str, Any]:
+    return {"logprobs": _row_logprobs(state), "num_tokens": int(state.mask.sum())}
+
+
+def public_output(state: ForwardState) -> dict[str, Any]:
+    out = public_forward_output(state)
+    out["loss"] = float(state.loss_output.loss.detach())
+    out["metrics"] = {k: float(v) for k, v in (state.loss_output.metrics or {}).items()}
+    return out
+
+
+def _row_logprobs(state: ForwardState) -> list[Any]:
+    """Per row, the target log-probs at the trained positions, in order."""
+    lp = state.logprobs.detach().cpu()
+    mask = state.mask.bool()
+    return [lp[i][mask[i]].numpy() for i in range(lp.shape[0])]

@@ -1,0 +1,87 @@
+"""From a tenant's inputs to model tensors, and from logits to per-token log-probabilities.
+
+Conventions: ``labels`` are aligned with ``input_ids`` (Hugging Face style, -100 = not trained);
+the model predicts ``labels[t + 1]`` at position ``t``. Per-token extras (``advantages``,
+``old_logprobs``) given per input position are shifted the same way as labels.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+IGNORE_INDEX = -100
+PER_TOKEN_KEYS = ("advantages", "old_logprobs", "ref_logprobs", "weights")
+
+
+def shift_left(values: torch.Tensor, fill: float | int) -> torch.Tensor:
+    """``out[:, t] = values[:, t + 1]``, the last column filled with ``fill``."""
+    out = torch.full_like(values, fill)
+    out[:, :-1] = values[:, 1:]
+    return out
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``log p(targets[b, t])`` from ``logits[b, t]`` in fp32; 0 where the target is -100."""
+    batch, seq, vocab = logits.shape
+    nll = torch.nn.functional.cross_entropy(
+        logits.float().reshape(batch * seq, vocab),
+        targets.reshape(-1),
+        ignore_index=IGNORE_INDEX,
+        reduction="none",
+    )
+    return -nll.reshape(batch, seq)
+
+
+def as_float_tensor(value: Any, rows: int, seq: int, name: str) -> torch.Tensor:
+    """A per-row ([B]) or per-token ([B, T], rows may be ragged) value as a float tensor.
+
+    Per-token values are shifted like labels and zero-padded to ``seq``.
+
+    Raises:
+        ValueError: When the value has the wrong number of rows or is longer than the batch.
+    """
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().numpy()
+    if isinstance(value, np.ndarray) and value.ndim <= 1 or (
+        isinstance(value, (list, tuple)) and all(np.ndim(v) == 0 for v in value)
+    ):
+        array = np.asarray(value, dtype=np.float32).reshape(-1)
+        if array.shape[0] != rows:
+            raise ValueError(f"{name}: {array.shape[0]} values for {rows} rows")
+        return torch.from_numpy(array.copy())
+    rows_list = list(value)
+    if len(rows_list) != rows:
+        raise ValueError(f"{name}: {len(rows_list)} rows of values for {rows} rows of inputs")
+    out = torch.zeros(rows, seq, dtype=torch.float32)
+    for i, row in enumerate(rows_list):
+        row = np.asarray(row, dtype=np.float32).reshape(-1)
+        if row.shape[0] > seq:
+            raise ValueError(f"{name}: row {i} has {row.shape[0]} values, longer than its {seq} tokens")
+        out[i, : row.shape[0]] = torch.from_numpy(row)
+    return shift_left(out, 0.0)
+
+
+def is_collated(inputs: Any) -> bool:
+    return isinstance(inputs, dict) and isinstance(inputs.get("input_ids"), torch.Tensor)
+
+
+def split_inputs(inputs: Any) -> tuple[list[Any], bool]:
+    """Inputs as a list of samples, and whether they still need the template (trajectories)."""
+    if isinstance(inputs, dict):
+        inputs = [inputs]
+    items = list(inputs)
+    if not items:
+        raise ValueError("inputs is empty")
+    needs_template = [not _has_tokens(item) for item in items]
+    if any(needs_template) and not all(needs_template):
+        raise ValueError("inputs mix encoded features and raw trajectories; pass one kind")
+    return items, needs_template[0]
+
+
+def _has_tokens(item: Any) -> bool:
+    if isinstance(item, dict):
+        return "input_ids" in item
+    return hasattr(item, "input_ids") and not hasattr(item, "messages")

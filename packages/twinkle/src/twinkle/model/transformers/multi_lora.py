@@ -1,0 +1,356 @@
+"""One shared transformers base model, many tenants each with their own LoRA adapter."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from twinkle.model import checkpoint as ckpt
+from twinkle.model.lora import (
+    LoraRouter,
+    RowRoute,
+    adapter_parameters,
+    adapter_spec_from_config,
+    adapter_state_dict,
+    inject_adapter,
+    load_adapter_state_dict,
+    remove_adapter,
+    resolve_target_modules,
+)
+from twinkle.model.metrics import Metric
+from twinkle.model.optim import build_optimizer, build_scheduler
+from twinkle.model.tenant import Tenant, TrainConfigs
+from twinkle.model.transformers import _steps
+from twinkle.model.transformers.batch import split_inputs
+
+
+class MultiLoraTransformersModel:
+    """A frozen base model shared by many tenants, each training its own LoRA adapter.
+
+    Every method takes ``adapter_name=``; when exactly one adapter exists it is the default.
+    Tenants are isolated: one tenant's calls never change another tenant's weights, optimizer
+    state, loss, template or progress.
+
+    Args:
+        model_id: ``tiny://qwen3.5``, ``ms://org/name``, ``hf://org/name`` or a local directory.
+        torch_dtype: Weights dtype of the base model (float32 by default on CPU).
+        device: Torch device; CUDA when available unless given.
+        attn_implementation: Passed to transformers (``sdpa`` by default).
+        seed: Seed for adapter initialisation.
+    """
+
+    max_adapters: int | None = None
+
+    def __init__(
+        self,
+        model_id: str,
+        torch_dtype: torch.dtype | str | None = None,
+        device: str | torch.device | None = None,
+        attn_implementation: str = "sdpa",
+        seed: int = 0,
+        **model_kwargs: Any,
+    ) -> None:
+        from transformers import AutoModelForCausalLM
+
+        from twinkle.hub import resolve_model_dir
+
+        self.model_id = model_id
+        self.model_dir = resolve_model_dir(model_id)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        dtype = torch_dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        trust = os.environ.get("TWINKLE_TRUST_REMOTE_CODE", "0") == "1"
+        self.model = AutoModelForCausalLM.from_pretrained(
+            self.model_dir,
+            dtype=dtype,
+            attn_implementation=attn_implementation,
+            trust_remote_code=trust,
+            **model_kwargs,
+        ).to(self.device)
+        self.model.requires_grad_(False)
+        self.model.eval()  # dropout lives in the adapters; the base model is frozen
+        self.router = LoraRouter()
+        self.seed = seed
+        self.tenants: dict[str, Tenant] = {}
+
+    # ----------------------------------------------------------------- adapters
+    def add_adapter_to_model(self, adapter_name: str, config: Any = None, gradient_accumulation_steps: int = 1, **kwargs: Any) -> None:
+        """Create tenant ``adapter_name`` with its own LoRA adapter (``peft.LoraConfig``).
+
+        Raises:
+            ValueError: Duplicate name, rank <= 0, bad accumulation steps, or no matching module.
+        """
+        if adapter_name in self.tenants:
+            raise ValueError(f"adapter {adapter_name!r} already exists on this model")
+        if self.max_adapters is not None and len(self.tenants) >= self.max_adapters:
+            raise ValueError(f"{type(self).__name__} holds at most {self.max_adapters} adapter(s)")
+        if not isinstance(gradient_accumulation_steps, int) or gradient_accumulation_steps < 1:
+            raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {gradient_accumulation_steps!r}")
+        spec = adapter_spec_from_config(adapter_name, config, seed=kwargs.pop("seed", self.seed))
+        if kwargs:
+            raise TypeError(f"unexpected arguments: {', '.join(kwargs)}")
+        resolve_target_modules(self.model, spec.target_modules)  # fail before touching the model
+        inject_adapter(self.model, self.router, spec)
+        self.tenants[adapter_name] = Tenant(
+            name=adapter_name,
+            spec=spec,
+            params=adapter_parameters(self.model, adapter_name),
+            gradient_accumulation_steps=gradient_accumulation_steps,
+        )
+        for param in self.tenants[adapter_name].params:
+            param.requires_grad_(True)
+        self.set_loss("CrossEntropyLoss", adapter_name=adapter_name)
+
+    def remove_adapter(self, adapter_name: str | None = None) -> None:
+        """Drop a tenant: its weights, optimizer and state are freed."""
+        tenant = self._tenant(adapter_name)
+        remove_adapter(self.model, tenant.name)
+        del self.tenants[tenant.name]
+
+    def list_adapters(self) -> list[str]:
+        return list(self.tenants)
+
+    def _tenant(self, adapter_name: str | None) -> Tenant:
+        if adapter_name is None:
+            if len(self.tenants) == 1:
+                return next(iter(self.tenants.values()))
+            if not self.tenants:
+                raise ValueError("no adapter on this model: call add_adapter_to_model first")
+            raise ValueError(f"several adapters exist ({', '.join(self.tenants)}): pass adapter_name=")
+        if adapter_name not in self.tenants:
+            known = ", ".join(self.tenants) or "none"
+            raise ValueError(f"unknown adapter {adapter_name!r}; adapters on this model: {known}")
+        return self.tenants[adapter_name]
+
+    # ------------------------------------------------------------ configuration
+    def set_template(self, template: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
+        """Set the tenant's chat template (a name such as ``'Qwen3_5Template'``, a class or an instance)."""
+        from twinkle.template import Template, get_template
+
+        tenant = self._tenant(adapter_name)
+        if isinstance(template, Template):
+            tenant.template = template
+        else:
+            kwargs.setdefault("model_id", self.model_id)
+            tenant.template = get_template(template, **kwargs)
+        tenant.template_name = type(tenant.template).__name__
+        tenant.processor = None  # the processor's padding id follows the template
+
+    def set_processor(self, processor: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
+        """Set how the tenant's samples become tensors (``'InputProcessor'``, ``padding_side=...``)."""
+        from twinkle.processor import get_processor
+
+        tenant = self._tenant(adapter_name)
+        tenant.processor_config = {"name": processor if isinstance(processor, str) else type(processor).__name__, **kwargs}
+        tenant.processor = self._build_processor(tenant)
+
+    def _build_processor(self, tenant: Tenant):
+        from twinkle.processor import get_processor
+
+        config = dict(tenant.processor_config or {"name": "InputProcessor"})
+        name = config.pop("name")
+        if config.get("pad_token_id") is None:
+            config["pad_token_id"] = self._template(tenant).pad_token_id
+        return get_processor(name, **config) if isinstance(name, str) else name
+
+    def set_loss(self, loss: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
+        """Set the tenant's loss: a name (``'CrossEntropyLoss'``, ``'GRPOLoss'``, ...), class or instance."""
+        from twinkle.loss import get_loss
+
+        tenant = self._tenant(adapter_name)
+        tenant.loss = get_loss(loss, **kwargs)
+        tenant.loss_config = {"name": getattr(tenant.loss, "name", type(tenant.loss).__name__), **kwargs}
+
+    def set_optimizer(self, optimizer: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
+        """Set the tenant's optimizer (``'Adam'``, ``'AdamW'``, ``'SGD'`` or a class), e.g. ``lr=1e-4``."""
+        tenant = self._tenant(adapter_name)
+        tenant.optimizer = build_optimizer(optimizer, tenant.params, **kwargs)
+        tenant.optimizer_config = {"name": optimizer if isinstance(optimizer, str) else optimizer.__name__, **kwargs}
+        if tenant.scheduler_config is not None:
+            config = dict(tenant.scheduler_config)
+            tenant.scheduler = build_scheduler(config.pop("name"), tenant.optimizer, **config)
+
+    def set_lr_scheduler(self, scheduler: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
+        """Set the tenant's learning-rate scheduler (``'LinearLR'``, ``'cosine'``, ``'constant'``, ...)."""
+        tenant = self._tenant(adapter_name)
+        if tenant.optimizer is None:
+            self.set_optimizer("AdamW", adapter_name=tenant.name)
+        tenant.scheduler = build_scheduler(scheduler, tenant.optimizer, **kwargs)
+        tenant.scheduler_config = {"name": scheduler if isinstance(scheduler, str) else scheduler.__name__, **kwargs}
+
+    def get_train_configs(self, adapter_name: str | None = None) -> TrainConfigs:
+        """The tenant's configuration, as a pydantic model (``.model_dump()``)."""
+        return self._tenant(adapter_name).train_configs(self.model_id)
+
+    def _template(self, tenant: Tenant):
+        if tenant.template is None:
+            self.set_template("Template", adapter_name=tenant.name)
+        return tenant.template
+
+    def _processor(self, tenant: Tenant):
+        if tenant.processor is None:
+            tenant.processor = self._build_processor(tenant)
+        return tenant.processor
+
+    # ----------------------------------------------------------------- training
+    def forward(self, inputs: Any, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
+        """Forward with gradients kept for a later ``calculate_loss`` + ``backward``."""
+        tenant = self._tenant(adapter_name)
+        tenant.last_forward = _steps.forward(self, tenant, inputs, kwargs, grad=True)
+        return _steps.public_forward_output(tenant.last_forward)
+
+    def calculate_loss(self, adapter_name: str | None = None, **kwargs: Any) -> float:
+        """Apply the tenant's loss to the last ``forward``; returns the loss value."""
+        tenant = self._tenant(adapter_name)
+        if tenant.last_forward is None:
+            raise RuntimeError(f"adapter {tenant.name!r}: call forward before calculate_loss")
+        _steps.compute_loss(self, tenant, tenant.last_forward, kwargs)
+        return float(tenant.last_forward.loss_output.loss.detach())
+
+    def backward(self, adapter_name: str | None = None) -> None:
+        """Backpropagate the last calculated loss into the tenant's adapter gradients."""
+        tenant = self._tenant(adapter_name)
+        state = tenant.last_forward
+        if state is None or state.loss_output is None:
+            raise RuntimeError(f"adapter {tenant.name!r}: call forward and calculate_loss before backward")
+        (state.loss_output.loss / tenant.gradient_accumulation_steps).backward()
+        _steps.record_train_metrics(tenant, state)
+        tenant.last_forward = None
+
+    def forward_backward(self, inputs: Any, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
+        """Forward, loss and backward for one micro-batch of the tenant.
+
+        Args:
+            inputs: Encoded features (``InputFeature`` / dicts with ``input_ids`` and ``labels``),
+                trajectories (encoded with the tenant's template), or collated tensors.
+            adapter_name: The tenant.
+            **kwargs: Loss inputs such as ``advantages`` ([B] or per token), ``old_logprobs``.
+
+        Returns:
+            ``{'loss': float, 'logprobs': [per-row target log-probs], 'num_tokens': int}``.
+        """
+        return self.forward_backward_many({self._tenant(adapter_name).name: {"inputs": inputs, **kwargs}})[
+            self._tenant(adapter_name).name
+        ]
+
+    def forward_backward_many(self, requests: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """One base-model pass for several tenants' micro-batches, each row with its own adapter.
+
+        Args:
+            requests: ``{adapter_name: {'inputs': ..., **loss_kwargs}}``, the arguments each
+                tenant's ``forward_backward`` would take.
+
+        Returns:
+            Each tenant's ``forward_backward`` result. Gradients land only in each tenant's adapter
+            and equal those of separate per-tenant passes.
+        """
+        return _steps.fused_forward_backward(self, requests)
+
+    def forward_only(self, inputs: Any, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
+        """Forward without gradients; returns loss and per-row target log-probabilities."""
+        tenant = self._tenant(adapter_name)
+        with torch.no_grad():
+            state = _steps.forward(self, tenant, inputs, kwargs, grad=False)
+            _steps.compute_loss(self, tenant, state, kwargs)
+        _steps.record_metrics(tenant.eval_metrics, state)
+        return _steps.public_output(state)
+
+    def clip_grad_norm(self, max_grad_norm: float = 1.0, adapter_name: str | None = None) -> float:
+        """Clip the tenant's gradient norm; returns the norm before clipping."""
+        tenant = self._tenant(adapter_name)
+        grads = [p for p in tenant.params if p.grad is not None]
+        if not grads:
+            raise RuntimeError(f"adapter {tenant.name!r} has no gradients: call forward_backward first")
+        norm = torch.nn.utils.clip_grad_norm_(grads, max_grad_norm)
+        tenant.last_grad_norm = float(norm)
+        return tenant.last_grad_norm
+
+    def step(self, adapter_name: str | None = None) -> None:
+        """One optimizer step for the tenant (Adam with lr 1e-4 if none was set)."""
+        tenant = self._tenant(adapter_name)
+        if not tenant.pending_grads:
+            raise RuntimeError(f"adapter {tenant.name!r} has no gradients: call forward_backward before step")
+        if tenant.optimizer is None:
+            self.set_optimizer("Adam", adapter_name=tenant.name, lr=1e-4)
+        tenant.optimizer.step()
+        tenant.cur_step += 1
+
+    def zero_grad(self, adapter_name: str | None = None) -> None:
+        tenant = self._tenant(adapter_name)
+        for param in tenant.params:
+            param.grad = None
+        tenant.pending_grads = False
+
+    def lr_step(self, adapter_name: str | None = None) -> None:
+        tenant = self._tenant(adapter_name)
+        if tenant.scheduler is not None:
+            tenant.scheduler.step()
+
+    def clip_grad_and_step(self, max_grad_norm: float = 1.0, adapter_name: str | None = None) -> bool:
+        """``clip_grad_norm`` + ``step`` + ``zero_grad`` + ``lr_step`` once every
+        ``gradient_accumulation_steps`` calls; returns whether the optimizer stepped."""
+        tenant = self._tenant(adapter_name)
+        if not tenant.pending_grads:
+            raise RuntimeError(f"adapter {tenant.name!r} has no gradients: call forward_backward before step")
+        tenant.micro_step += 1
+        if tenant.micro_step % tenant.gradient_accumulation_steps:
+            return False
+        self.clip_grad_norm(max_grad_norm, adapter_name=tenant.name)
+        self.step(adapter_name=tenant.name)
+        self.zero_grad(adapter_name=tenant.name)
+        self.lr_step(adapter_name=tenant.name)
+        return True
+
+    def calculate_metric(self, is_training: bool = True, adapter_name: str | None = None) -> Metric:
+        """Averages since the last call: loss, token_acc, grad_norm, lr, step."""
+        tenant = self._tenant(adapter_name)
+        result = (tenant.train_metrics if is_training else tenant.eval_metrics).report()
+        result.update(grad_norm=tenant.last_grad_norm, lr=tenant.lr(), step=tenant.cur_step)
+        return Metric(result=result)
+
+    # -------------------------------------------------------------- checkpoints
+    def save(self, name: str, output_dir: str | os.PathLike | None = None, save_optimizer: bool = False,
+             consumed_train_samples: int | None = None, adapter_name: str | None = None, **kwargs: Any) -> str:
+        """Save the tenant's adapter (PEFT layout) and, optionally, its full training state.
+
+        Args:
+            name: Checkpoint directory name (one plain path component).
+            output_dir: Parent directory; ``$TWINKLE_OUTPUT_DIR/<adapter>`` or ``./output/<adapter>``.
+            save_optimizer: Also write optimizer, scheduler, RNG and progress for resuming.
+            consumed_train_samples: Data progress to store (from ``DataLoader.get_state()``).
+
+        Returns:
+            The checkpoint directory path.
+        """
+        from twinkle.model.transformers import _checkpoints
+
+        return _checkpoints.save(self, self._tenant(adapter_name), name, output_dir, save_optimizer, consumed_train_samples)
+
+    def load(self, path: str | os.PathLike, adapter_name: str | None = None, **kwargs: Any) -> None:
+        """Load adapter weights only (no optimizer or progress) from a checkpoint directory."""
+        from twinkle.model.transformers import _checkpoints
+
+        _checkpoints.load_weights(self, self._tenant(adapter_name), Path(path))
+
+    def resume_from_checkpoint(self, path: str | os.PathLike, adapter_name: str | None = None) -> dict[str, Any]:
+        """Restore weights, optimizer, scheduler, RNG and progress; returns the progress dict
+        (``cur_step``, ``consumed_train_samples``, ...)."""
+        from twinkle.model.transformers import _checkpoints
+
+        return _checkpoints.resume(self, self._tenant(adapter_name), Path(path))
+
+    def adapter_state_dict(self, adapter_name: str | None = None) -> dict[str, torch.Tensor]:
+        """A copy of the tenant's adapter weights, PEFT-keyed."""
+        return adapter_state_dict(self.model, self._tenant(adapter_name).name)
+
+    def load_adapter_state_dict(self, state: dict[str, torch.Tensor], adapter_name: str | None = None) -> None:
+        load_adapter_state_dict(self.model, self._tenant(adapter_name).name, state)
+
+    def routes(self, routes: list[RowRoute]):
+        """Context manager: route batch rows to adapters for direct ``self.model`` calls."""
+        return self.router.route(routes)
+
+
+__all__ = ["MultiLoraTransformersModel", "split_inputs"]

@@ -1,0 +1,73 @@
+"""forward_backward_many: one base pass for several tenants equals separate per-tenant passes."""
+
+import pytest
+import torch
+from peft import LoraConfig
+
+from tests.model.conftest import make_batch
+from twinkle.model import MultiLoraTransformersModel
+
+RANKS = {"sft8": 8, "grpo16": 16, "sft32": 32}
+
+
+def _model(model_id):
+    m = MultiLoraTransformersModel(model_id)
+    for name, rank in RANKS.items():
+        m.add_adapter_to_model(name, LoraConfig(r=rank, lora_alpha=2 * rank, init_lora_weights=False))
+        m.set_optimizer("AdamW", lr=1e-2, adapter_name=name)
+    m.set_loss("GRPOLoss", adapter_name="grpo16", epsilon=0.2, beta=0.05)
+    return m
+
+
+def _requests():
+    grpo_batch = make_batch(rows=4, seq=20, seed=2)
+    return {
+        "sft8": {"inputs": make_batch(rows=2, seq=24, seed=1)},
+        "grpo16": {
+            "inputs": grpo_batch,
+            "advantages": torch.tensor([1.0, -0.5, 0.25, -1.0]),
+            "old_logprobs": -8.3 + 0.05 * torch.randn(4, 20, generator=torch.Generator().manual_seed(5)),
+        },
+        "sft32": {"inputs": make_batch(rows=3, seq=16, seed=3)},
+    }
+
+
+def _grads(model, name):
+    return [p.grad.clone() for p in model.tenants[name].params]
+
+
+@pytest.mark.parametrize("model_id", ["tiny://qwen3", "tiny://qwen3.5"])
+def test_fused_step_equals_separate_steps(model_id):
+    fused, separate = _model(model_id), _model(model_id)
+    fused_out = fused.forward_backward_many(_requests())
+    separate_out = {}
+    for name, request in _requests().items():
+        request = dict(request)
+        separate_out[name] = separate.forward_backward(request.pop("inputs"), adapter_name=name, **request)
+    for name in RANKS:
+        assert fused_out[name]["loss"] == pytest.approx(separate_out[name]["loss"], rel=1e-5)
+        for g_fused, g_sep in zip(_grads(fused, name), _grads(separate, name)):
+            torch.testing.assert_close(g_fused, g_sep, rtol=1e-5, atol=1e-8)
+        fused.clip_grad_and_step(adapter_name=name)
+        separate.clip_grad_and_step(adapter_name=name)
+        after_fused, after_sep = fused.adapter_state_dict(name), separate.adapter_state_dict(name)
+        for key in after_fused:
+            torch.testing.assert_close(after_fused[key], after_sep[key], rtol=1e-5, atol=1e-8)
+
+
+def test_fused_keeps_per_tenant_accumulation():
+    m = _model("tiny://qwen3")
+    m.tenants["sft8"].gradient_accumulation_steps = 2
+    m.forward_backward_many(_requests())
+    assert m.clip_grad_and_step(adapter_name="sft8") is False
+    assert m.clip_grad_and_step(adapter_name="sft32") is True
+    assert m.calculate_metric(adapter_name="sft8").result["step"] == 0
+
+
+def test_fused_rejects_unknown_tenant_without_side_effects():
+    m = _model("tiny://qwen3")
+    requests = _requests()
+    requests["ghost"] = {"inputs": make_batch()}
+    with pytest.raises(ValueError, match="ghost"):
+        m.forward_backward_many(requests)
+    assert all(p.grad is None for t in m.tenants.values() for p in t.params)
