@@ -1,0 +1,281 @@
+"""Multi-tenant LoRA training throughput: fused vs time-sliced vs the single-adapter limit.
+
+For each point (model, tenants N, per-tenant batch B, ranks) one process-local model carries the
+N tenants' adapters plus one extra ``limit`` adapter, and the three modes run interleaved, step by
+step, so they see the same machine state:
+
+- ``fused``: ``forward_backward_many`` over all tenants (one base pass, rows routed per tenant),
+  then ``clip_grad_and_step`` per tenant.
+- ``sliced``: each tenant's ``forward_backward`` + ``clip_grad_and_step`` in turn (adapter
+  switching; what peer systems do).
+- ``limit``: ONE adapter over the concatenation of all tenants' rows (N*B rows): the best a fused
+  step can do.
+
+Tokens/s counts every tenant's tokens (N * B * seq per step). One JSON object per point is printed
+on its own line. ``--check`` asserts that fused losses and gradients equal the sliced ones (CI).
+
+    python bench/multi_tenant_train.py            # full run
+    python bench/multi_tenant_train.py --quick    # a subset, under a minute
+    python bench/multi_tenant_train.py --check    # correctness only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch  # noqa: E402
+from peft import LoraConfig  # noqa: E402
+
+from twinkle.model import MultiLoraTransformersModel  # noqa: E402
+
+MODELS = ("tiny://qwen3.5", "tiny://qwen3.5-25m")
+TENANTS = (1, 2, 4, 8)
+BATCHES = (1, 4)
+MIXED_RANKS = (8, 16, 32, 64)
+RANK = 16
+SEQ = 128
+VOCAB_LOW, VOCAB_HIGH = 10, 4000
+LIMIT = "limit"
+
+
+@dataclass(frozen=True)
+class Point:
+    model: str
+    ranks: tuple[int, ...]
+    batch: int
+    seq: int = SEQ
+
+    @property
+    def tenants(self) -> int:
+        return len(self.ranks)
+
+
+def make_batch(rows: int, seq: int, seed: int) -> dict[str, torch.Tensor]:
+    """Random tokens; the first quarter of each row is prompt (not trained)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(VOCAB_LOW, VOCAB_HIGH, (rows, seq), generator=g)
+    labels = ids.clone()
+    labels[:, : seq // 4] = -100
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+
+
+def tenant_names(n: int) -> list[str]:
+    return [f"t{i}" for i in range(n)]
+
+
+def add_tenant(model: MultiLoraTransformersModel, name: str, rank: int, random_b: bool = False) -> None:
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, init_lora_weights=not random_b)
+    model.add_adapter_to_model(name, config)
+    model.set_optimizer("AdamW", lr=1e-4, adapter_name=name)
+
+
+# ------------------------------------------------------------------------------------ the modes
+def step_fused(model, batches: dict[str, dict]) -> None:
+    model.forward_backward_many({name: {"inputs": b} for name, b in batches.items()})
+    for name in batches:
+        model.clip_grad_and_step(adapter_name=name)
+
+
+def step_sliced(model, batches: dict[str, dict]) -> None:
+    for name, b in batches.items():
+        model.forward_backward(b, adapter_name=name)
+        model.clip_grad_and_step(adapter_name=name)
+
+
+def step_limit(model, concatenated: dict) -> None:
+    model.forward_backward(concatenated, adapter_name=LIMIT)
+    model.clip_grad_and_step(adapter_name=LIMIT)
+
+
+# --------------------------------------------------------------------------------- measurement
+def tensor_state_bytes(model: MultiLoraTransformersModel) -> int:
+    """Bytes of every distinct tensor storage the model holds: weights, grads, optimizer state."""
+    seen: dict[int, int] = {}
+
+    def add(t: Any) -> None:
+        if isinstance(t, torch.Tensor):
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+
+    for p in model.model.parameters():
+        add(p)
+        add(p.grad)
+    for buf in model.model.buffers():
+        add(buf)
+    for tenant in model.tenants.values():
+        if tenant.optimizer is not None:
+            for state in tenant.optimizer.state.values():
+                for value in state.values():
+                    add(value)
+    return sum(seen.values())
+
+
+def adapter_state_bytes(model: MultiLoraTransformersModel, name: str) -> int:
+    """Theory: adapter params + grads + Adam's two moments = 4 x the parameter bytes."""
+    return 4 * sum(p.numel() * p.element_size() for p in model.tenants[name].params)
+
+
+def measure_tenant_bytes(model_id: str, ranks: tuple[int, ...]) -> tuple[float, float]:
+    """(measured, theoretical) bytes per added tenant.
+
+    Tenants are added one at a time to a fresh model; after each addition every tenant steps once
+    (forward, backward, clip, optimizer step, grads kept), and the growth of the model's tensor
+    bytes is divided by the number of tenants.
+    """
+    model = MultiLoraTransformersModel(model_id)
+    base = tensor_state_bytes(model)
+    batch = make_batch(1, 16, seed=0)
+    names = tenant_names(len(ranks))
+    for name, rank in zip(names, ranks):
+        add_tenant(model, name, rank)
+    for name in names:
+        model.forward_backward(batch, adapter_name=name)
+        model.clip_grad_norm(adapter_name=name)
+        model.step(adapter_name=name)  # grads stay: the peak a tenant holds during a step
+    measured = (tensor_state_bytes(model) - base) / len(names)
+    theory = sum(adapter_state_bytes(model, n) for n in names) / len(names)
+    return measured, theory
+
+
+def peak_rss_mb() -> float:
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+
+
+def run_point(point: Point, warmup: int, steps: int) -> dict[str, Any]:
+    model = MultiLoraTransformersModel(point.model)
+    names = tenant_names(point.tenants)
+    for name, rank in zip(names, point.ranks):
+        add_tenant(model, name, rank)
+    limit_rank = round(sum(point.ranks) / len(point.ranks))
+    add_tenant(model, LIMIT, limit_rank)
+    batches = {name: make_batch(point.batch, point.seq, seed=i) for i, name in enumerate(names)}
+    concatenated = {k: torch.cat([b[k] for b in batches.values()]) for k in batches[names[0]]}
+    modes = {
+        "fused": lambda: step_fused(model, batches),
+        "sliced": lambda: step_sliced(model, batches),
+        "limit": lambda: step_limit(model, concatenated),
+    }
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    for i in range(warmup + steps):
+        # Rotate the order so no mode always runs right after another one.
+        order = list(modes)[i % 3 :] + list(modes)[: i % 3]
+        for mode in order:
+            start = time.perf_counter()
+            modes[mode]()
+            if i >= warmup:
+                times[mode].append(time.perf_counter() - start)
+    tokens = point.tenants * point.batch * point.seq
+    tps = {m: tokens / statistics.median(t) for m, t in times.items()}
+    measured, theory = measure_tenant_bytes(point.model, point.ranks)
+    return {
+        "model": point.model,
+        "tenants": point.tenants,
+        "batch": point.batch,
+        "seq": point.seq,
+        "ranks": list(point.ranks),
+        "fused_tps": round(tps["fused"], 1),
+        "sliced_tps": round(tps["sliced"], 1),
+        "limit_tps": round(tps["limit"], 1),
+        "fused_vs_limit": round(tps["fused"] / tps["limit"], 3),
+        "fused_vs_sliced": round(tps["fused"] / tps["sliced"], 3),
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+        "bytes_per_extra_tenant": round(measured),
+        "adapter_state_bytes": round(theory),
+        "bytes_ratio": round(measured / theory, 4),
+        "threads": torch.get_num_threads(),
+        "steps": steps,
+        "warmup": warmup,
+    }
+
+
+def points(quick: bool) -> list[Point]:
+    if quick:
+        return [Point(MODELS[0], (RANK,) * n, b) for n in (1, 8) for b in BATCHES]
+    out = []
+    for model in MODELS:
+        for b in BATCHES:
+            out += [Point(model, (RANK,) * n, b) for n in TENANTS]
+            out.append(Point(model, MIXED_RANKS, b))
+    return out
+
+
+# -------------------------------------------------------------------------------- correctness
+def check(model_id: str = "tiny://qwen3.5", ranks: tuple[int, ...] = (8, 16, 32), batch: int = 2, seq: int = 32) -> dict[str, float]:
+    """Assert the fused first step equals the sliced one (losses rel 1e-5, grads close).
+
+    Returns:
+        Each tenant's fused loss.
+    """
+    model = MultiLoraTransformersModel(model_id)
+    names = tenant_names(len(ranks))
+    for name, rank in zip(names, ranks):
+        add_tenant(model, name, rank, random_b=True)  # B != 0, so every adapter changes the loss
+    batches = {name: make_batch(batch, seq, seed=i) for i, name in enumerate(names)}
+    fused = model.forward_backward_many({n: {"inputs": b} for n, b in batches.items()})
+    fused_grads = {n: [p.grad.clone() for p in model.tenants[n].params] for n in names}
+    for name in names:
+        model.zero_grad(adapter_name=name)
+    for name in names:
+        sliced = model.forward_backward(batches[name], adapter_name=name)
+        loss_f, loss_s = fused[name]["loss"], sliced["loss"]
+        assert abs(loss_f - loss_s) <= 1e-5 * abs(loss_s), f"{name}: fused loss {loss_f} != sliced {loss_s}"
+        for g_f, p in zip(fused_grads[name], model.tenants[name].params):
+            torch.testing.assert_close(g_f, p.grad, rtol=1e-5, atol=1e-7)
+    return {n: fused[n]["loss"] for n in names}
+
+
+# ---------------------------------------------------------------------------------------- main
+def machine() -> dict[str, Any]:
+    return {
+        "machine": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny model, N in {1, 8}, B in {1, 4}")
+    parser.add_argument("--check", action="store_true", help="only assert fused == sliced, then exit")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--models", nargs="*", default=None, help="restrict to these model ids")
+    parser.add_argument("--json-out", default=None, help="also write the JSON lines to this file")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.check:
+        losses = check()
+        print(json.dumps({"check": "ok", "fused_losses": losses, **machine()}))
+        return 0
+    torch.manual_seed(0)
+    lines = [json.dumps({"meta": machine()})]
+    print(lines[0], flush=True)
+    for point in points(args.quick):
+        if args.models and point.model not in args.models:
+            continue
+        warmup, steps = (1, 3) if args.quick else (args.warmup, args.steps)
+        lines.append(json.dumps(run_point(point, warmup, steps)))
+        print(lines[-1], flush=True)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

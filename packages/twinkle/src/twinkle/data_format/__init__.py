@@ -1,0 +1,9 @@
+"""Training data types, shared with the client: ``Message``, ``Trajectory``, ``InputFeature``.
+
+They are defined in ``twinkle_client.data_format`` (no torch) and re-exported here, so local and
+remote code exchange the very same classes.
+"""
+
+from twinkle_client.data_format import InputFeature, Message, Role, Trajectory
+
+__all__ = ["InputFeature", "Message", "Role", "Trajectory"]

@@ -1,0 +1,17 @@
+"""Model ids and the built-in offline tiny models.
+
+``resolve_model_dir`` turns ``tiny://``, ``ms://``, ``hf://`` ids and local paths into a directory;
+``load_tokenizer`` and ``load_config`` load from it. See ``docs/models.md``.
+"""
+
+from ._resolve import ModelNotFoundError, load_config, load_tokenizer, resolve_model_dir
+from ._tiny import TINY_MODELS, build_tiny_model
+
+__all__ = [
+    "TINY_MODELS",
+    "ModelNotFoundError",
+    "build_tiny_model",
+    "load_config",
+    "load_tokenizer",
+    "resolve_model_dir",
+]

@@ -1,0 +1,245 @@
+"""Built-in tiny models: specs, a deterministic offline builder and the on-disk cache.
+
+A tiny model is a real transformers checkpoint (Qwen3 or Qwen3.5 text architecture, random weights
+under a fixed seed) plus a real BPE tokenizer trained on text in the repo. The same spec and corpus
+always give the same bytes, so tests and Ray replicas on different machines agree on every id and
+every weight.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+# Bump when the builder's output changes for an unchanged spec: it is part of the cache key.
+BUILDER_VERSION = 1
+_COMPLETE_MARKER = ".twinkle-complete"
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """What a tiny model is built from.
+
+    Attributes:
+        architecture: transformers class name (``Qwen3ForCausalLM`` or ``Qwen3_5ForCausalLM``).
+        config: keyword arguments of the model config (sizes, layer types).
+        vocab_size: tokenizer vocabulary size; also the embedding size.
+        seed: torch seed for the random initialisation.
+    """
+
+    architecture: str
+    config: Mapping[str, object] = field(default_factory=dict)
+    vocab_size: int = 4096
+    seed: int = 0
+
+    def digest(self) -> str:
+        """Short hash of the spec, builder version and tokenizer corpus (the cache key)."""
+        from ._tokenizer import corpus_files
+
+        payload = json.dumps(
+            {"spec": asdict(self) | {"config": dict(self.config)}, "builder": BUILDER_VERSION},
+            sort_keys=True,
+        ).encode()
+        h = hashlib.sha256(payload)
+        for path in corpus_files():
+            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+        return h.hexdigest()[:12]
+
+
+_SMALL = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=4096,
+)
+_BENCH = dict(
+    hidden_size=512,
+    intermediate_size=1408,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=64,
+    max_position_embeddings=4096,
+)
+
+
+def _linear_attention(key_heads: int, value_heads: int, head_dim: int) -> dict[str, object]:
+    # Real Qwen3.5 has twice as many value heads as key heads in its linear-attention layers.
+    return dict(
+        linear_num_key_heads=key_heads,
+        linear_num_value_heads=value_heads,
+        linear_key_head_dim=head_dim,
+        linear_value_head_dim=head_dim,
+        linear_conv_kernel_dim=4,
+    )
+
+
+TINY_MODELS: Mapping[str, TinySpec] = MappingProxyType(
+    {
+        "qwen3": TinySpec("Qwen3ForCausalLM", _SMALL),
+        "qwen3.5": TinySpec(
+            "Qwen3_5ForCausalLM",
+            _SMALL
+            | _linear_attention(key_heads=2, value_heads=4, head_dim=16)
+            | {"layer_types": ["linear_attention", "full_attention"]},
+        ),
+        "qwen3-25m": TinySpec("Qwen3ForCausalLM", _BENCH),
+        "qwen3.5-25m": TinySpec(
+            "Qwen3_5ForCausalLM",
+            _BENCH
+            | _linear_attention(key_heads=4, value_heads=8, head_dim=64)
+            | {"layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 2},
+        ),
+    }
+)
+"""Name -> spec of every built-in tiny model (``tiny://<name>``)."""
+
+
+def _spec(name: str) -> TinySpec:
+    try:
+        return TINY_MODELS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown tiny model {name!r}; valid names: {', '.join(sorted(TINY_MODELS))}"
+        ) from None
+
+
+def _make_config(spec: TinySpec, tokenizer):
+    import transformers
+
+    config_class = getattr(transformers, spec.architecture).config_class
+    special = dict(
+        vocab_size=spec.vocab_size,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.convert_tokens_to_ids(tokenizer.eos_token),
+        pad_token_id=tokenizer.convert_tokens_to_ids(tokenizer.pad_token),
+        dtype="float32",
+    )
+    config = config_class(**dict(spec.config), **special)
+    config.architectures = [spec.architecture]
+    return config
+
+
+def build_tiny_model(name: str, target_dir: Path) -> Path:
+    """Build a tiny model into an explicit directory (no cache, no lock).
+
+    Args:
+        name: a key of ``TINY_MODELS`` (e.g. ``"qwen3.5"``).
+        target_dir: directory to write into; created if missing.
+
+    Returns:
+        ``target_dir`` holding ``config.json``, ``generation_config.json``, safetensors weights
+        and the tokenizer files.
+
+    Raises:
+        ValueError: ``name`` is not a tiny model.
+    """
+    spec = _spec(name)
+    import torch
+    import transformers
+    from transformers import GenerationConfig
+
+    from ._tokenizer import train_tokenizer
+
+    target_dir = Path(target_dir)
+    target_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer(spec.vocab_size)
+    config = _make_config(spec, tokenizer)
+    model_class = getattr(transformers, spec.architecture)
+    # Forked RNG: building must not disturb the caller's random stream.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        model = model_class(config).to(torch.float32)
+    model.generation_config = GenerationConfig(
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+        bos_token_id=None,
+    )
+    _save_quietly(model, tokenizer, target_dir)
+    return target_dir
+
+
+def _save_quietly(model, tokenizer, target_dir: Path) -> None:
+    from transformers.utils import logging
+
+    # The shard-writing progress bar is noise in tests and in Ray replica logs.
+    bars_were_enabled = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        model.save_pretrained(target_dir, safe_serialization=True)
+        tokenizer.save_pretrained(target_dir)
+    finally:
+        if bars_were_enabled:
+            logging.enable_progress_bar()
+    # transformers 5 writes its own 'TokenizersBackend' class name, which 4.x releases (still
+    # pinned by vLLM) cannot load; the generic fast class loads on both.
+    config_path = target_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config_path.write_text(
+        json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
+
+
+def cache_root() -> Path:
+    """Root of twinkle's cache: ``$TWINKLE_CACHE_DIR`` or ``~/.cache/twinkle``."""
+    root = os.environ.get("TWINKLE_CACHE_DIR")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "twinkle"
+
+
+def tiny_model_dir(name: str) -> Path:
+    """Where the cached tiny model ``name`` lives (whether or not it is built yet)."""
+    return cache_root() / "tiny" / f"{name}-{_spec(name).digest()}"
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    try:
+        import fcntl
+    except ImportError:  # no fcntl (Windows): atomic rename alone still prevents torn reads
+        yield
+        return
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def materialize_tiny_model(name: str) -> Path:
+    """Return the cached directory of tiny model ``name``, building it once if needed.
+
+    Safe across processes: the build happens in a temporary sibling directory under a file lock
+    and is renamed into place, so a reader sees either nothing or a complete model.
+    """
+    final = tiny_model_dir(name)
+    if (final / _COMPLETE_MARKER).is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with _file_lock(final.parent / f"{final.name}.lock"):
+        if (final / _COMPLETE_MARKER).is_file():  # another process built it while we waited
+            return final
+        if final.exists():  # left incomplete by an older, interrupted layout: rebuild
+            shutil.rmtree(final)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+        try:
+            build_tiny_model(name, tmp)
+            (tmp / _COMPLETE_MARKER).write_text(final.name + "\n")
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return final

@@ -1,0 +1,35 @@
+"""Losses: one contract (:class:`LossInputs` -> :class:`LossOutput`) and a registry by name.
+
+Names accepted by :func:`get_loss`: ``CrossEntropyLoss``, ``GRPOLoss``, ``DPOLoss`` and the
+Tinker token losses ``cross_entropy``, ``importance_sampling``, ``ppo``, ``cispo``, ``dro``.
+"""
+
+from twinkle.loss.base import Loss, LossInputs, LossOutput
+from twinkle.loss.cross_entropy import CrossEntropyLoss
+from twinkle.loss.dpo import DPOLoss
+from twinkle.loss.grpo import GRPOLoss
+from twinkle.loss.registry import get_loss, known_losses, register_loss
+from twinkle.loss.tinker import (
+    CISPOLoss,
+    DROLoss,
+    ImportanceSamplingLoss,
+    PPOLoss,
+    TinkerCrossEntropyLoss,
+)
+
+__all__ = [
+    "CISPOLoss",
+    "CrossEntropyLoss",
+    "DPOLoss",
+    "DROLoss",
+    "GRPOLoss",
+    "ImportanceSamplingLoss",
+    "Loss",
+    "LossInputs",
+    "LossOutput",
+    "PPOLoss",
+    "TinkerCrossEntropyLoss",
+    "get_loss",
+    "known_losses",
+    "register_loss",
+]

@@ -1,0 +1,72 @@
+"""Name-to-class registry of losses, so servers and configs can refer to losses by name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from twinkle.loss.base import Loss
+
+_REGISTRY: dict[str, type[Loss]] = {}
+
+
+def register_loss(name: str) -> Callable[[type[Loss]], type[Loss]]:
+    """Class decorator registering a :class:`Loss` subclass under ``name``.
+
+    Args:
+        name: the name :func:`get_loss` will accept.
+
+    Returns:
+        The decorator; it sets ``cls.name`` and returns the class unchanged.
+
+    Raises:
+        TypeError: if the decorated object is not a Loss subclass.
+        ValueError: if ``name`` is already taken by another class (a silent override would
+            change what every tenant using that name trains with).
+    """
+
+    def decorator(cls: type[Loss]) -> type[Loss]:
+        if not (isinstance(cls, type) and issubclass(cls, Loss)):
+            raise TypeError(f"register_loss({name!r}) expects a Loss subclass, got {cls!r}")
+        existing = _REGISTRY.get(name)
+        if existing is not None and existing is not cls:
+            raise ValueError(f"a loss named {name!r} is already registered ({existing.__name__})")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return decorator
+
+
+def known_losses() -> list[str]:
+    """Return the registered loss names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def get_loss(spec: str | type[Loss] | Loss, **kwargs) -> Loss:
+    """Build a loss from a registered name, a Loss subclass, or pass an instance through.
+
+    Args:
+        spec: a registered name (e.g. ``'GRPOLoss'``, ``'ppo'``), a Loss subclass or an instance.
+        **kwargs: constructor arguments; not allowed with an instance.
+
+    Returns:
+        A ready Loss instance.
+
+    Raises:
+        ValueError: for an unknown name (the message lists the known names).
+        TypeError: for kwargs given with an instance, or a spec of another type.
+    """
+    if isinstance(spec, Loss):
+        if kwargs:
+            raise TypeError(
+                f"get_loss got an already built {type(spec).__name__} and kwargs {sorted(kwargs)}"
+            )
+        return spec
+    if isinstance(spec, type) and issubclass(spec, Loss):
+        return spec(**kwargs)
+    if isinstance(spec, str):
+        cls = _REGISTRY.get(spec)
+        if cls is None:
+            raise ValueError(f"unknown loss {spec!r}; known losses: {', '.join(known_losses())}")
+        return cls(**kwargs)
+    raise TypeError(f"get_loss expects a name, a Loss subclass or a Loss, got {spec!r}")

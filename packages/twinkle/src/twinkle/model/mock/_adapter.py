@@ -1,0 +1,148 @@
+"""One tenant's adapter in the mock model: weights, gradients, optimizer and settings."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from twinkle.model.mock._optim import LRSchedule, NumpyOptimizer
+
+SUPPORTED_LOSSES = ("CrossEntropyLoss", "cross_entropy", "importance_sampling")
+
+
+def read_lora_config(config: Any) -> tuple[int, float]:
+    """Read ``(r, lora_alpha)`` from a peft LoraConfig, any object with those attributes, or a
+    dict; peft's defaults (r=8, lora_alpha=8) fill what is missing.
+    """
+    if isinstance(config, dict):
+        rank, alpha = config.get("r", 8), config.get("lora_alpha", 8)
+    else:
+        rank, alpha = getattr(config, "r", 8), getattr(config, "lora_alpha", 8)
+    if int(rank) <= 0:
+        raise ValueError(f"LoRA rank must be positive, got {rank!r}")
+    return int(rank), float(alpha)
+
+
+@dataclass
+class TrainConfigs:
+    """A snapshot of one adapter's training settings (``model_dump()`` as in pydantic)."""
+
+    adapter_name: str
+    model_id: str
+    r: int
+    lora_alpha: float
+    gradient_accumulation_steps: int
+    loss: str
+    loss_kwargs: dict
+    optimizer: dict | None
+    lr_scheduler: str
+    lr_scheduler_kwargs: dict
+    template: str | None
+    processor: str | None
+
+    def model_dump(self) -> dict:
+        """Return the settings as a plain dict."""
+        return asdict(self)
+
+
+@dataclass
+class MetricResult:
+    """The result of ``calculate_metric``; ``result`` holds loss, token_acc, grad_norm, lr, step."""
+
+    result: dict[str, Any]
+
+
+@dataclass
+class MetricTotals:
+    """Running sums between two ``calculate_metric`` calls."""
+
+    loss_sum: float = 0.0
+    calls: int = 0
+    correct: int = 0
+    tokens: int = 0
+
+    def add(self, loss: float, correct: int, tokens: int) -> None:
+        """Record one forward pass."""
+        self.loss_sum += loss
+        self.calls += 1
+        self.correct += correct
+        self.tokens += tokens
+
+
+def _name_of(spec: Any) -> str:
+    return spec if isinstance(spec, str) else getattr(spec, "__name__", type(spec).__name__)
+
+
+@dataclass
+class AdapterState:
+    """Everything that belongs to one tenant; nothing here is shared with another adapter."""
+
+    name: str
+    rank: int
+    alpha: float
+    params: dict[str, np.ndarray]
+    gradient_accumulation_steps: int = 1
+    grads: dict[str, np.ndarray] = field(default_factory=dict)
+    micro_steps: int = 0
+    cur_step: int = 0
+    loss_name: str = "CrossEntropyLoss"
+    loss_kwargs: dict = field(default_factory=dict)
+    optimizer: NumpyOptimizer | None = None
+    schedule: LRSchedule = field(default_factory=LRSchedule)
+    template: str | None = None
+    processor: str | None = None
+    last_grad_norm: float | None = None
+    train_totals: MetricTotals = field(default_factory=MetricTotals)
+    eval_totals: MetricTotals = field(default_factory=MetricTotals)
+
+    @classmethod
+    def create(cls, name: str, config: Any, hidden_size: int, seed: int, accum: int):
+        """Build a fresh adapter: ``A`` random, ``B`` zero, so it starts as the identity.
+
+        The init seed mixes in the adapter name, so an adapter's start does not depend on which
+        other tenants were added before it.
+        """
+        if accum < 1:
+            raise ValueError(f"gradient_accumulation_steps must be >= 1, got {accum}")
+        rank, alpha = read_lora_config(config)
+        rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+        params = {
+            "A": rng.standard_normal((hidden_size, rank)) / np.sqrt(hidden_size),
+            "B": np.zeros((rank, hidden_size)),
+        }
+        state = cls(name, rank, alpha, params, gradient_accumulation_steps=accum)
+        state.zero_grad()
+        return state
+
+    @property
+    def scale(self) -> float:
+        """LoRA scaling ``alpha / r``."""
+        return self.alpha / self.rank
+
+    def zero_grad(self) -> None:
+        """Reset the accumulated gradients."""
+        self.grads = {key: np.zeros_like(value) for key, value in self.params.items()}
+
+    def set_loss(self, name: str, **kwargs) -> None:
+        """Select the loss by name (the mock implements cross entropy and importance sampling)."""
+        name = _name_of(name)
+        if name not in SUPPORTED_LOSSES:
+            raise ValueError(f"the mock model supports the losses {SUPPORTED_LOSSES}, got {name!r}")
+        self.loss_name, self.loss_kwargs = name, dict(kwargs)
+
+    def set_template(self, template: Any) -> None:
+        """Remember the template (by name; the mock consumes token ids directly)."""
+        self.template = _name_of(template)
+
+    def set_processor(self, processor: Any) -> None:
+        """Remember the processor (by name; the mock consumes token ids directly)."""
+        self.processor = _name_of(processor)
+
+    def current_lr(self) -> float:
+        """The learning rate the next optimizer step will use (0 when no optimizer is set)."""
+        if self.optimizer is None:
+            return 0.0
+        return self.schedule.lr_at(self.optimizer.lr, self.cur_step)

@@ -1,0 +1,299 @@
+"""``MockModel``: the multi-adapter model interface over a tiny deterministic numpy model."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from twinkle.model.mock import _checkpoint as ckpt
+from twinkle.model.mock import _lora
+from twinkle.model.mock._adapter import AdapterState, MetricResult, TrainConfigs
+from twinkle.model.mock._batch import Batch, flatten, per_row
+from twinkle.model.mock._optim import LRSchedule, NumpyOptimizer
+
+
+class UnknownAdapterError(ValueError, KeyError):
+    """An adapter name that the model does not hold (both a ValueError and a KeyError)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class MockModel:
+    """A numpy-only stand-in for ``MultiLoraTransformersModel``: same methods, no torch.
+
+    ``logits[t] = h_t @ W`` with ``h_t = E[x_t] + scale * (E[x_t] @ A) @ B`` per adapter.
+    Labels follow the HF shift (logits at ``t`` predict ``labels[t + 1]``; -100 is ignored) and
+    returned ``logprobs`` are aligned with ``labels`` (0 where there is no target).
+
+    Args:
+        model_id: reported model id.
+        vocab_size: vocabulary size ``V``.
+        hidden_size: hidden size ``H``.
+        seed: seed of the base weights and of adapter initialisation.
+    """
+
+    def __init__(
+        self, model_id: str = "mock", vocab_size: int = 256, hidden_size: int = 16, seed: int = 0
+    ):
+        self.model_id = model_id
+        self.vocab_size, self.hidden_size, self.seed = vocab_size, hidden_size, seed
+        self.base = _lora.BaseWeights.from_seed(vocab_size, hidden_size, seed)
+        self._adapters: dict[str, AdapterState] = {}
+
+    # Adapter lifecycle and settings.
+
+    def add_adapter_to_model(
+        self, adapter_name: str, config: Any, gradient_accumulation_steps: int = 1
+    ) -> None:
+        """Add a LoRA adapter; ``config`` has ``r`` and ``lora_alpha`` (attributes or keys)."""
+        if adapter_name in self._adapters:
+            raise ValueError(f"adapter {adapter_name!r} already exists")
+        self._adapters[adapter_name] = AdapterState.create(
+            adapter_name, config, self.hidden_size, self.seed, gradient_accumulation_steps
+        )
+
+    def remove_adapter(self, adapter_name: str) -> None:
+        """Drop an adapter with all its state."""
+        self._adapters.pop(self._resolve(adapter_name).name)
+
+    def set_template(self, template: Any, adapter_name: str | None = None, **kwargs) -> None:
+        """Record the template name (the mock works on token ids)."""
+        self._resolve(adapter_name).set_template(template)
+
+    def set_processor(self, processor: Any, adapter_name: str | None = None, **kwargs) -> None:
+        """Record the processor name (the mock works on token ids)."""
+        self._resolve(adapter_name).set_processor(processor)
+
+    def set_loss(self, loss: Any, adapter_name: str | None = None, **kwargs) -> None:
+        """Select ``'CrossEntropyLoss'`` (mean), ``'cross_entropy'`` (sum) or ``'importance_sampling'``."""
+        self._resolve(adapter_name).set_loss(loss, **kwargs)
+
+    def set_optimizer(
+        self, optimizer: str, adapter_name: str | None = None, lr: float = 1e-4, **kwargs
+    ) -> None:
+        """Select ``'Adam'``, ``'AdamW'`` or ``'SGD'`` (``'default'`` = Adam); resets its state."""
+        self._resolve(adapter_name).optimizer = NumpyOptimizer(optimizer, lr=lr, **kwargs)
+
+    def set_lr_scheduler(self, scheduler: str, adapter_name: str | None = None, **kwargs) -> None:
+        """Select ``'constant'``, ``'LinearLR'``, ``'cosine'`` or ``'default'``."""
+        self._resolve(adapter_name).schedule = LRSchedule(scheduler, **kwargs)
+
+    # Training and inference.
+
+    def forward_backward(self, inputs: Any, adapter_name: str | None = None, **kwargs) -> dict:
+        """Run forward and accumulate gradients into the adapter.
+
+        Args:
+            inputs: a list of rows (dicts with ``input_ids`` and optional ``labels``,
+                ``advantages``, ``old_logprobs`` aligned with labels), or one such dict.
+            adapter_name: the adapter to train.
+            **kwargs: ``advantages``, one float per row, for ``importance_sampling``.
+
+        Returns:
+            ``{'loss': float, 'logprobs': [per-row arrays aligned with labels]}``.
+        """
+        state = self._resolve(adapter_name)
+        loss, logprobs, grads = self._run(state, inputs, kwargs.get("advantages"), with_grads=True)
+        for key, grad in grads.items():
+            state.grads[key] += grad
+        return {"loss": loss, "logprobs": logprobs}
+
+    def forward_only(self, inputs: Any, adapter_name: str | None = None, **kwargs) -> dict:
+        """Like :meth:`forward_backward` without touching gradients."""
+        state = self._resolve(adapter_name)
+        loss, logprobs, _ = self._run(state, inputs, kwargs.get("advantages"), with_grads=False)
+        return {"loss": loss, "logprobs": logprobs}
+
+    def clip_grad_and_step(
+        self, max_grad_norm: float | None = 1.0, adapter_name: str | None = None, **kwargs
+    ) -> bool:
+        """Step every ``gradient_accumulation_steps``-th call on the averaged, clipped gradients.
+
+        Returns:
+            Whether the optimizer stepped, as in the transformers backend.
+        """
+        state = self._resolve(adapter_name)
+        if state.optimizer is None:
+            raise ValueError(f"adapter {state.name!r} has no optimizer; call set_optimizer first")
+        state.micro_steps += 1
+        if state.micro_steps % state.gradient_accumulation_steps:
+            return False
+        grads = {k: g / state.gradient_accumulation_steps for k, g in state.grads.items()}
+        norm = float(np.sqrt(sum(np.sum(np.square(g)) for g in grads.values())))
+        if max_grad_norm is not None and norm > max_grad_norm:
+            # torch.nn.utils.clip_grad_norm_ semantics, including its 1e-6 guard.
+            grads = {k: g * (max_grad_norm / (norm + 1e-6)) for k, g in grads.items()}
+        state.optimizer.step(state.params, grads, state.current_lr())
+        state.last_grad_norm = norm
+        state.cur_step += 1
+        state.zero_grad()
+        return True
+
+    def calculate_metric(
+        self, is_training: bool = True, adapter_name: str | None = None
+    ) -> MetricResult:
+        """Summarise the passes since the last call: loss, token_acc, grad_norm, lr, step."""
+        state = self._resolve(adapter_name)
+        totals = state.train_totals if is_training else state.eval_totals
+        result = {
+            "loss": totals.loss_sum / totals.calls if totals.calls else None,
+            "token_acc": totals.correct / totals.tokens if totals.tokens else None,
+            "grad_norm": state.last_grad_norm,
+            "lr": state.current_lr(),
+            "step": state.cur_step,
+        }
+        totals.__init__()
+        return MetricResult(result)
+
+    def get_train_configs(self, adapter_name: str | None = None) -> TrainConfigs:
+        """The adapter's training settings."""
+        s = self._resolve(adapter_name)
+        return TrainConfigs(
+            adapter_name=s.name,
+            model_id=self.model_id,
+            r=s.rank,
+            lora_alpha=s.alpha,
+            gradient_accumulation_steps=s.gradient_accumulation_steps,
+            loss=s.loss_name,
+            loss_kwargs=dict(s.loss_kwargs),
+            optimizer=s.optimizer.config() if s.optimizer else None,
+            lr_scheduler=s.schedule.name,
+            lr_scheduler_kwargs=dict(s.schedule.kwargs),
+            template=s.template,
+            processor=s.processor,
+        )
+
+    # Checkpoints.
+
+    def save(
+        self,
+        name: str,
+        output_dir: str | None = None,
+        save_optimizer: bool = False,
+        consumed_train_samples: int = 0,
+        adapter_name: str | None = None,
+        **kwargs,
+    ) -> str:
+        """Save the adapter (and optionally optimizer state) to ``output_dir/name``; return it."""
+        s = self._resolve(adapter_name)
+        path = ckpt.checkpoint_dir(output_dir or os.path.join("output", s.name), name)
+        # The config is peft-shaped so tooling that lists adapters can read it; "mock" records
+        # the base it was trained against.
+        mock_base = {
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "seed": self.seed,
+        }
+        config = {
+            "r": s.rank,
+            "lora_alpha": s.alpha,
+            "peft_type": "LORA",
+            "base_model_name_or_path": self.model_id,
+            "mock": mock_base,
+        }
+        trainer = {
+            "cur_step": s.cur_step,
+            "micro_steps": s.micro_steps,
+            "consumed_train_samples": consumed_train_samples,
+            "lr_scheduler": {"name": s.schedule.name, "kwargs": s.schedule.kwargs},
+        }
+        files = {
+            ckpt.ADAPTER_CONFIG: config,
+            ckpt.ADAPTER_WEIGHTS: s.params,
+            ckpt.TRAINER_STATE: trainer,
+        }
+        if save_optimizer and s.optimizer is not None:
+            trainer["optimizer"] = {**s.optimizer.config(), "steps": s.optimizer.steps}
+            files[ckpt.OPTIMIZER_STATE] = s.optimizer.state
+        return ckpt.write_checkpoint(path, files)
+
+    def load(self, path: str, adapter_name: str | None = None, **kwargs) -> None:
+        """Load adapter weights from a checkpoint; the rank must match the adapter's."""
+        s = self._resolve(adapter_name)
+        config = ckpt.read_json(path, ckpt.ADAPTER_CONFIG)
+        if int(config["r"]) != s.rank:
+            raise ValueError(
+                f"checkpoint rank {config['r']} does not match adapter {s.name!r} rank {s.rank}"
+            )
+        s.params = ckpt.read_arrays(path, ckpt.ADAPTER_WEIGHTS)
+        s.alpha = float(config["lora_alpha"])
+        s.zero_grad()
+
+    def resume_from_checkpoint(self, path: str, adapter_name: str | None = None, **kwargs) -> dict:
+        """Restore weights, optimizer, schedule and progress; return the progress."""
+        self.load(path, adapter_name)
+        s = self._resolve(adapter_name)
+        trainer = ckpt.read_json(path, ckpt.TRAINER_STATE)
+        s.cur_step, s.micro_steps = trainer["cur_step"], trainer["micro_steps"]
+        s.schedule = LRSchedule(
+            trainer["lr_scheduler"]["name"], **trainer["lr_scheduler"]["kwargs"]
+        )
+        if "optimizer" in trainer:
+            opt = dict(trainer["optimizer"])
+            steps = opt.pop("steps")
+            s.optimizer = NumpyOptimizer(opt.pop("name"), **opt)
+            s.optimizer.steps, s.optimizer.state = (
+                steps,
+                ckpt.read_arrays(path, ckpt.OPTIMIZER_STATE),
+            )
+        return {"cur_step": s.cur_step, "consumed_train_samples": trainer["consumed_train_samples"]}
+
+    # Internals.
+
+    def _resolve(self, adapter_name: str | None) -> AdapterState:
+        if adapter_name is None:
+            if len(self._adapters) != 1:
+                raise ValueError(
+                    f"adapter_name is required when the model holds {len(self._adapters)} adapters"
+                )
+            return next(iter(self._adapters.values()))
+        if adapter_name not in self._adapters:
+            raise UnknownAdapterError(
+                f"unknown adapter {adapter_name!r}; known: {sorted(self._adapters)}"
+            )
+        return self._adapters[adapter_name]
+
+    def _run(self, state: AdapterState, inputs: Any, advantages: Any, with_grads: bool):
+        rows = [inputs] if isinstance(inputs, dict) else list(inputs)
+        if not rows:
+            raise ValueError("inputs must hold at least one row")
+        batch = flatten(rows, self.vocab_size)
+        logprobs_N_V, cache = _lora.forward(
+            self.base, state.params["A"], state.params["B"], state.scale, batch.ids_N
+        )
+        n = len(batch.ids_N)
+        lp_N = np.where(batch.valid_N, logprobs_N_V[np.arange(n), batch.targets_N], 0.0)
+        loss, dloss_dlp_N = self._loss(state, rows, batch, lp_N, advantages)
+        correct = int(np.sum((logprobs_N_V.argmax(-1) == batch.targets_N) & batch.valid_N))
+        totals = state.train_totals if with_grads else state.eval_totals
+        totals.add(loss, correct, int(batch.valid_N.sum()))
+        grads = {}
+        if with_grads:
+            grad_a, grad_b = _lora.backward(
+                self.base, state.params["B"], state.scale, cache, batch.targets_N, dloss_dlp_N
+            )
+            grads = {"A": grad_a, "B": grad_b}
+        return loss, per_row(batch, lp_N), grads
+
+    def _loss(self, state, rows, batch: Batch, lp_N, advantages) -> tuple[float, np.ndarray]:
+        """Return the loss and dloss/d(target logprob) per position."""
+        valid = batch.valid_N.astype(np.float64)
+        if state.loss_name != "importance_sampling":
+            # CrossEntropyLoss averages over label tokens; Tinker's cross_entropy sums.
+            count = max(valid.sum(), 1.0) if state.loss_name == "CrossEntropyLoss" else 1.0
+            return float(-lp_N.sum() / count), -valid / count
+        if advantages is None:
+            if any("advantages" not in row for row in rows):
+                raise ValueError("loss 'importance_sampling' requires the input 'advantages'")
+            advantages = [row["advantages"] for row in rows]
+        adv_N = np.asarray(advantages, dtype=np.float64).reshape(-1)[batch.row_N]
+        old_N = lp_N.copy()
+        for i, row in enumerate(rows):
+            if "old_logprobs" in row:
+                old_N[batch.row_N == i] = np.asarray(row["old_logprobs"], dtype=np.float64)[1:]
+        ratio_N = np.exp(lp_N - old_N) * valid
+        # Summed, not averaged, as Tinker defines importance_sampling.
+        return float(-(ratio_N * adv_N).sum()), -ratio_N * adv_N
