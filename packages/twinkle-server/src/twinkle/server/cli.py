@@ -1,10 +1,21 @@
-"""The ``twinkle-server`` command line."""
+"""The ``twinkle-server`` command line (also ``python -m twinkle.server``).
+
+Exit codes: 0 success, 1 invalid config or failed launch, 2 usage error.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import logging
+import os
+import sys
 
 from twinkle.server import __version__
+
+EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
+CONFIG_ENV = "TWINKLE_SERVER_CONFIG"
+NAMESPACE_ENV = "TWINKLE_RAY_NAMESPACE"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,10 +25,117 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve a shared base model to many LoRA tenants (Twinkle and Tinker APIs).",
     )
     parser.add_argument("--version", action="version", version=f"twinkle-server {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    launch = commands.add_parser("launch", help="start the server (blocks until Ctrl-C/SIGTERM)")
+    _add_config_option(launch)
+    launch.add_argument(
+        "--namespace", default=None, help=f"Ray namespace (default: ${NAMESPACE_ENV})"
+    )
+
+    check = commands.add_parser("check-config", help="validate a config file without starting")
+    _add_config_option(check)
+
+    show = commands.add_parser("print-config", help="print the validated, normalised config")
+    _add_config_option(show)
+    show.add_argument("--format", choices=("yaml", "json"), default="yaml")
+
+    clear = commands.add_parser("clear", help="delete stored server state")
+    clear.add_argument("target", choices=("persistence",), help="what to clear")
+    _add_config_option(clear)
+
+    commands.add_parser(
+        "status", help="show the state of a running server", add_help=False
+    )  # its options belong to twinkle.server.status
     return parser
+
+
+def _add_config_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-c", "--config", default=None, help=f"server YAML file (default: ${CONFIG_ENV})"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
-    build_parser().parse_args(argv)
-    return 0
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if args.command != "status" and extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as exit_:  # argparse exits on --help, --version and usage errors
+        return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "status":
+        return _status(extra)
+    if not (args.config or os.environ.get(CONFIG_ENV)):
+        print(f"error: no config file: pass -c/--config or set {CONFIG_ENV}", file=sys.stderr)
+        return EXIT_USAGE
+    from twinkle.server.config import ConfigError, load_config
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_INVALID
+    return _COMMANDS[args.command](config, args)
+
+
+def _check_config(config, args) -> int:
+    names = ", ".join(app.name for app in config.applications)
+    print(f"OK: {len(config.applications)} applications ({names})")
+    return EXIT_OK
+
+
+def _print_config(config, args) -> int:
+    from twinkle.server.config import dump_config
+
+    sys.stdout.write(dump_config(config, format=args.format))
+    return EXIT_OK
+
+
+def _launch(config, args) -> int:
+    from twinkle.server.launch import LaunchError, launch
+
+    namespace = args.namespace or os.environ.get(NAMESPACE_ENV) or None
+    try:
+        launch(config, namespace=namespace, blocking=True)
+    except LaunchError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_INVALID
+    return EXIT_OK
+
+
+def _clear(config, args) -> int:
+    persistence = config.persistence
+    if persistence.mode == "memory":
+        print("persistence mode is 'memory': no state survives a restart, nothing to clear")
+        return EXIT_OK
+    from twinkle.server.state import clear_persistence
+
+    removed = clear_persistence(persistence)
+    where = persistence.file_path if persistence.mode == "file" else persistence.redis_url
+    prefix = f" (key prefix '{persistence.key_prefix}')" if persistence.key_prefix else ""
+    print(f"cleared {persistence.mode} persistence at {where}{prefix}: {removed} keys removed")
+    return EXIT_OK
+
+
+def _status(argv: list[str]) -> int:
+    try:
+        status = importlib.import_module("twinkle.server.status")
+    except ModuleNotFoundError as error:
+        if error.name != "twinkle.server.status":
+            raise
+        print("error: 'status' is not available in this install (no twinkle.server.status)",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
+    return status.main(argv)
+
+
+_COMMANDS = {
+    "launch": _launch,
+    "check-config": _check_config,
+    "print-config": _print_config,
+    "clear": _clear,
+}

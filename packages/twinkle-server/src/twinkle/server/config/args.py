@@ -1,0 +1,207 @@
+"""The ``args`` of each application kind: ``server``, ``model``, ``sampler``, ``processor``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from twinkle.server.config._base import StrictModel, fail, raise_if
+from twinkle.server.config.devices import DeviceGroup, DeviceMesh, placement_problems
+
+logger = logging.getLogger("twinkle.server.config")
+
+MiB = 1024 * 1024
+_SCHEMES = ("ms://", "hf://", "tiny://")
+
+
+def base_model_name(model_id: str) -> str:
+    """The name a model is served under: its id without the hub scheme.
+
+    ``ms://Qwen/Qwen3.5-4B`` -> ``Qwen/Qwen3.5-4B``, ``tiny://qwen3.5`` -> ``tiny/qwen3.5``,
+    a local directory -> its last path component.
+    """
+    if model_id.startswith("tiny://"):
+        return "tiny/" + model_id.removeprefix("tiny://")
+    for scheme in _SCHEMES:
+        if model_id.startswith(scheme):
+            return model_id.removeprefix(scheme)
+    if model_id.startswith(("/", "./", "../", "~")):
+        return model_id.rstrip("/").rsplit("/", 1)[-1]
+    return model_id
+
+
+class QueueConfig(StrictModel):
+    """Admission limits of a model or sampler queue (``None``: unlimited)."""
+
+    rps_limit: float | None = Field(default=None, gt=0, description="requests per second")
+    tps_limit: float | None = Field(default=None, gt=0, description="tokens per second per user")
+    max_input_tokens: int | None = Field(default=None, gt=0)
+    max_fused_tenants: int = Field(default=8, ge=1)
+
+
+class AdapterConfig(StrictModel):
+    """Lifecycle of the LoRA adapters a model holds."""
+
+    adapter_timeout: float = Field(default=1800, gt=0, description="idle seconds before eviction")
+    adapter_max_lifetime: float = Field(default=36000, gt=0, description="seconds")
+
+
+class GatewaySettings(StrictModel):
+    """The ``server_config`` block of the gateway (server-wide limits)."""
+
+    per_token_model_limit: int = Field(default=3, ge=1)
+    supported_models: list[str] = Field(default_factory=list)
+
+
+class ServerArgs(StrictModel):
+    """Args of the ``server`` (gateway) application."""
+
+    server_config: GatewaySettings = Field(default_factory=GatewaySettings)
+    max_request_bytes: int = Field(default=8 * MiB, gt=0)
+    heartbeat_timeout_s: float = Field(default=60, gt=0)
+    future_ttl_s: float = Field(default=3600, gt=0)
+    checkpoint_ttl_s: float | None = Field(default=None, gt=0)
+    keep_last_checkpoints: int | None = Field(default=None, ge=1)
+
+
+class _PlacedArgs(StrictModel):
+    """Args with a ``device_group`` and ``device_mesh`` (declared by each subclass), cross-checked."""
+
+    @model_validator(mode="after")
+    def _placement(self):
+        raise_if(type(self).__name__, placement_problems(self.device_group, self.device_mesh), None)
+        return self
+
+
+class ModelArgs(_PlacedArgs):
+    """Args of a ``model`` application: one base model with a pool of LoRA adapters."""
+
+    backend: Literal["transformers", "megatron", "mock"] = "transformers"
+    model_id: str = Field(min_length=1)
+    max_length: int | None = Field(default=None, gt=0)
+    nproc_per_node: int = Field(default=1, ge=1)
+    device_group: DeviceGroup | None = None
+    device_mesh: DeviceMesh | None = None
+    queue_config: QueueConfig = Field(default_factory=QueueConfig)
+    adapter_config: AdapterConfig = Field(default_factory=AdapterConfig)
+    max_loras: int = Field(default=8, ge=1)
+    max_lora_rank: int = Field(default=64, ge=1)
+    torch_dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = None
+
+    @property
+    def base_model_name(self) -> str:
+        """``model_id`` without its scheme: the name clients use."""
+        return base_model_name(self.model_id)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _migrate(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        _migrate_use_megatron(data)
+        _lift_max_loras(data)
+        return data
+
+    @model_validator(mode="after")
+    def _parallelism_needs_megatron(self) -> ModelArgs:
+        mesh = self.device_mesh
+        if mesh is None or self.backend == "megatron":
+            return self
+        problems = [
+            (("device_mesh", size),
+             f"{getattr(mesh, size)} > 1 needs backend 'megatron' (backend is '{self.backend}')")
+            for size in ("tp_size", "pp_size", "ep_size")
+            if getattr(mesh, size) > 1
+        ]  # fmt: skip
+        raise_if("ModelArgs", problems, None)
+        return self
+
+
+def _migrate_use_megatron(data: dict) -> None:
+    if "use_megatron" not in data:
+        return
+    legacy = data.pop("use_megatron")
+    if not isinstance(legacy, bool):
+        fail("ModelArgs", [(("use_megatron",), "must be true or false")], legacy)
+    implied = "megatron" if legacy else "transformers"
+    given = data.get("backend")
+    if given is not None and given != implied:
+        fail(
+            "ModelArgs",
+            [(("use_megatron",), f"{legacy} contradicts backend '{given}'; remove use_megatron")],
+            legacy,
+        )
+    logger.warning("use_megatron is deprecated: read as backend: %s; write that instead", implied)
+    data["backend"] = implied
+
+
+def _lift_max_loras(data: dict) -> None:
+    adapter = data.get("adapter_config")
+    if not isinstance(adapter, dict) or "max_loras" not in adapter:
+        return
+    adapter = dict(adapter)
+    nested = adapter.pop("max_loras")
+    given = data.get("max_loras")
+    if given is not None and given != nested:
+        fail(
+            "ModelArgs",
+            [(("adapter_config", "max_loras"), f"{nested} contradicts max_loras {given}")],
+            nested,
+        )
+    logger.warning("adapter_config.max_loras belongs one level up: read as max_loras: %s", nested)
+    data["adapter_config"] = adapter
+    data["max_loras"] = nested
+
+
+class SamplerArgs(_PlacedArgs):
+    """Args of a ``sampler`` application: generation with adapters loaded by ``adapter_uri``."""
+
+    model_id: str = Field(min_length=1)
+    nproc_per_node: int = Field(default=1, ge=1)
+    sampler_type: Literal["vllm", "torch", "mock"] = "torch"
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+    device_group: DeviceGroup | None = None
+    device_mesh: DeviceMesh | None = None
+    queue_config: QueueConfig = Field(default_factory=QueueConfig)
+    max_loras: int = Field(default=8, ge=1)
+    max_length: int | None = Field(default=None, gt=0)
+
+    @property
+    def base_model_name(self) -> str:
+        """``model_id`` without its scheme: the name clients use."""
+        return base_model_name(self.model_id)
+
+    @model_validator(mode="after")
+    def _parallelism(self) -> SamplerArgs:
+        mesh = self.device_mesh
+        if mesh is None:
+            return self
+        problems = []
+        if mesh.tp_size > 1 and self.sampler_type != "vllm":
+            problems.append(
+                (("device_mesh", "tp_size"), f"{mesh.tp_size} > 1 needs sampler_type 'vllm'")
+            )
+        for size in ("pp_size", "ep_size"):
+            if getattr(mesh, size) > 1:
+                problems.append((("device_mesh", size), "a sampler supports only dp and tp"))
+        raise_if("SamplerArgs", problems, None)
+        return self
+
+
+class ProcessorArgs(_PlacedArgs):
+    """Args of the ``processor`` application (CPU-side dataset processing)."""
+
+    ncpu_proc_per_node: int = Field(default=1, ge=1)
+    device_group: DeviceGroup | None = None
+    device_mesh: DeviceMesh | None = None
+
+
+ARGS_BY_IMPORT_PATH: dict[str, type[StrictModel]] = {
+    "server": ServerArgs,
+    "model": ModelArgs,
+    "sampler": SamplerArgs,
+    "processor": ProcessorArgs,
+}

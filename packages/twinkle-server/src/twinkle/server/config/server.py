@@ -1,0 +1,211 @@
+"""The top of the server YAML: HTTP, telemetry, persistence, auth, storage and applications."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from twinkle.server.config._base import StrictModel, fail, raise_if
+from twinkle.server.config.args import (
+    ARGS_BY_IMPORT_PATH,
+    ModelArgs,
+    ProcessorArgs,
+    SamplerArgs,
+    ServerArgs,
+)
+from twinkle.server.config.deployment import DeploymentConfig
+
+ImportPath = Literal["server", "model", "sampler", "processor"]
+
+
+class HttpOptions(StrictModel):
+    """Where Serve's HTTP proxy listens."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    request_timeout_s: float | None = Field(default=None, gt=0)
+
+
+class TelemetryConfig(StrictModel):
+    """The OpenTelemetry pipeline (traces, metrics, logs)."""
+
+    enabled: bool = False
+    service_name: str = "twinkle-server"
+    otlp_endpoint: str = "http://localhost:4317"
+    debug: bool = False
+    export_interval_ms: int = Field(default=30000, gt=0)
+    resource_attributes: dict[str, str | int | float | bool] = Field(default_factory=dict)
+
+
+class PersistenceConfig(StrictModel):
+    """Where server state (sessions, models, futures, runs) is kept across restarts."""
+
+    mode: Literal["memory", "file", "redis"] = "memory"
+    file_path: str | None = None
+    redis_url: str | None = None
+    key_prefix: str = ""
+
+    @model_validator(mode="after")
+    def _backend_location(self) -> PersistenceConfig:
+        problems = []
+        if self.mode == "redis" and not self.redis_url:
+            problems.append((("redis_url",), "required when mode is 'redis'"))
+        if self.mode == "file" and not self.file_path:
+            problems.append((("file_path",), "required when mode is 'file'"))
+        raise_if("PersistenceConfig", problems, self.mode)
+        return self
+
+
+class AuthConfig(StrictModel):
+    """API keys accepted by the gateway: the union of the three sources below."""
+
+    api_keys: list[str] = Field(default_factory=list)
+    api_keys_file: str | None = None
+    api_keys_env: str = "TWINKLE_SERVER_API_KEYS"
+    allow_anonymous: bool = Field(
+        default=False, description="accept requests without a key as tenant 'anonymous' (local development only)"
+    )
+
+    def resolve_api_keys(self) -> list[str]:
+        """All configured keys: ``api_keys``, the file's lines, the env var's comma-separated list.
+
+        Raises:
+            ConfigError: ``api_keys_file`` is set but cannot be read.
+        """
+        from twinkle.server.config._errors import ConfigError
+
+        keys = list(self.api_keys)
+        if self.api_keys_file:
+            path = Path(self.api_keys_file).expanduser()
+            try:
+                lines = path.read_text().splitlines()
+            except OSError as error:
+                raise ConfigError([f"auth.api_keys_file: cannot read {path}: {error}"]) from error
+            keys += [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+        keys += [k.strip() for k in os.environ.get(self.api_keys_env, "").split(",") if k.strip()]
+        return list(dict.fromkeys(keys))
+
+
+class StorageConfig(StrictModel):
+    """Where checkpoints live: ``<root>/<tenant>/...``."""
+
+    root: str = "~/.cache/twinkle/server"
+
+    @property
+    def path(self) -> Path:
+        """``root`` with ``~`` expanded."""
+        return Path(self.root).expanduser()
+
+
+class ApplicationConfig(StrictModel):
+    """One Serve application; ``args`` are validated by the schema of ``import_path``."""
+
+    name: str = Field(min_length=1)
+    route_prefix: str
+    import_path: ImportPath
+    args: ServerArgs | ModelArgs | SamplerArgs | ProcessorArgs | None = Field(
+        default=None, validate_default=True
+    )
+    deployments: list[DeploymentConfig] = Field(default_factory=list)
+
+    @field_validator("route_prefix")
+    @classmethod
+    def _route(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError(f"must start with '/' (got {value!r})")
+        if value != "/" and value.endswith("/"):
+            raise ValueError(f"must not end with '/' (got {value!r})")
+        if any(c.isspace() for c in value) or "{" in value:
+            raise ValueError(f"must be a plain path without spaces or '{{' (got {value!r})")
+        return value
+
+    @field_validator("args", mode="wrap")
+    @classmethod
+    def _args_by_import_path(cls, value: Any, handler: Any, info: ValidationInfo) -> Any:
+        import_path = info.data.get("import_path")
+        if import_path is None:  # import_path itself is invalid and already reported
+            return None
+        schema = ARGS_BY_IMPORT_PATH[import_path]
+        if isinstance(value, schema):
+            return value
+        if value is None:
+            value = {}
+        elif not isinstance(value, dict):
+            fail("ApplicationConfig", [((), f"must be a mapping of {schema.__name__} fields")])
+        return schema.model_validate(value)
+
+    @model_validator(mode="after")
+    def _unique_deployments(self) -> ApplicationConfig:
+        names = Counter(d.name for d in self.deployments)
+        raise_if(
+            "ApplicationConfig",
+            [
+                (("deployments",), f"duplicate deployment name '{n}'")
+                for n, c in names.items()
+                if c > 1
+            ],
+            None,
+        )
+        return self
+
+    def deployment(self, name: str) -> DeploymentConfig | None:
+        """The deployment called ``name``, or ``None``."""
+        return next((d for d in self.deployments if d.name == name), None)
+
+
+class ServerConfig(StrictModel):
+    """The whole server: one YAML file, one ``ServerConfig``."""
+
+    proxy_location: Literal["EveryNode", "HeadOnly", "Disabled"] = "HeadOnly"
+    http_options: HttpOptions = Field(default_factory=HttpOptions)
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    persistence: PersistenceConfig = Field(default_factory=PersistenceConfig)
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
+    applications: list[ApplicationConfig] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _applications_consistent(self) -> ServerConfig:
+        problems: list[tuple[tuple[str | int, ...], str]] = []
+        for field in ("name", "route_prefix"):
+            seen: dict[str, int] = {}
+            for i, app in enumerate(self.applications):
+                value = getattr(app, field)
+                if value in seen:
+                    problems.append(
+                        (("applications", i, field),
+                         f"'{value}' is already used by applications[{seen[value]}]")
+                    )  # fmt: skip
+                seen.setdefault(value, i)
+        servers = [i for i, app in enumerate(self.applications) if app.import_path == "server"]
+        if len(servers) != 1:
+            problems.append(
+                (("applications",),
+                 f"need exactly one application with import_path 'server', found {len(servers)}")
+            )  # fmt: skip
+        raise_if("ServerConfig", problems, None)
+        return self
+
+    @property
+    def server_application(self) -> ApplicationConfig:
+        """The gateway application."""
+        return next(app for app in self.applications if app.import_path == "server")
+
+    def applications_of(self, import_path: str) -> list[ApplicationConfig]:
+        """The applications of one kind, in file order."""
+        return [app for app in self.applications if app.import_path == import_path]
+
+    def application(self, name: str) -> ApplicationConfig:
+        """The application called ``name``.
+
+        Raises:
+            KeyError: no such application.
+        """
+        for app in self.applications:
+            if app.name == name:
+                return app
+        raise KeyError(name)

@@ -1,0 +1,54 @@
+"""What every deployment of one server shares: its config, state, key checking and storage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from twinkle.server.config import ApplicationConfig, ServerArgs, ServerConfig
+from twinkle.server.web import Authenticator, authenticator_from
+from twinkle.server.state import ServerState
+
+
+@dataclass
+class ServerContext:
+    """Built once per replica from the server config."""
+
+    config: ServerConfig
+    state: ServerState
+    authenticate: Authenticator
+    server_args: ServerArgs
+
+    @property
+    def storage_root(self) -> Path:
+        return Path(self.config.storage.root).expanduser()
+
+
+def gateway_args(config: ServerConfig) -> ServerArgs:
+    """The ``server`` application's args (defaults when the config has none)."""
+    for app in config.applications:
+        if app.import_path == "server" and isinstance(app.args, ServerArgs):
+            return app.args
+    return ServerArgs()
+
+
+def build_context(config: ServerConfig | dict[str, Any], store: Any = None) -> ServerContext:
+    """Config, shared state (``store`` or the one the persistence section asks for) and auth."""
+    from twinkle.server.auth import ApiKeyAuth
+    from twinkle.server.ray_store import shared_store
+
+    if isinstance(config, dict):
+        config = ServerConfig.model_validate(config)
+    auth = ApiKeyAuth(
+        keys=config.auth.api_keys,
+        keys_file=config.auth.api_keys_file,
+        env_var=config.auth.api_keys_env,
+        allow_anonymous=getattr(config.auth, "allow_anonymous", False),
+    )
+    state = ServerState(store if store is not None else shared_store(config.persistence))
+    return ServerContext(config, state, authenticator_from(auth), gateway_args(config))
+
+
+def application(config: ServerConfig | dict[str, Any], app: ApplicationConfig | dict[str, Any]) -> ApplicationConfig:
+    return app if isinstance(app, ApplicationConfig) else ApplicationConfig.model_validate(app)

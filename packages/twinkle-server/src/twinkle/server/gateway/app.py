@@ -1,0 +1,60 @@
+"""The gateway (``server`` application, ``/api/v1``): one FastAPI app built from routers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from fastapi import FastAPI
+
+from twinkle.server.context import ServerContext
+from twinkle.server.gateway.backends import Backends
+from twinkle.server.gateway.routes_common import create_common_router
+from twinkle.server.web import install_error_handlers
+
+logger = logging.getLogger("twinkle.server.gateway")
+
+
+def create_gateway_app(ctx: ServerContext, backends: Backends) -> FastAPI:
+    """The gateway's routes over ``ctx`` (state, auth) and ``backends`` (models, samplers)."""
+    app = FastAPI(title="Twinkle server")
+    install_error_handlers(app)
+    app.include_router(create_common_router(ctx, backends))
+    try:
+        from twinkle.server.gateway.routes_tinker import create_tinker_router
+    except ImportError:
+        pass
+    else:
+        app.include_router(create_tinker_router(ctx, backends))
+    app.state.twinkle = ctx
+    return app
+
+
+async def expire_sessions(ctx: ServerContext, backends: Backends) -> list[str]:
+    """Finish sessions that stopped heartbeating and unload the adapters they created."""
+    expired = ctx.state.expired_sessions(ctx.server_args.heartbeat_timeout_s)
+    for session in expired:
+        ctx.state.finish_session(session.owner, session.session_id)
+        for client in backends.models.values():
+            unload = getattr(client, "unload_session", None)
+            if unload is not None:
+                names = await unload(session.session_id)
+                if names:
+                    logger.info("session %s expired: unloaded %s", session.session_id, ", ".join(names))
+    return [s.session_id for s in expired]
+
+
+async def housekeeping_forever(ctx: ServerContext, backends: Backends, interval_s: float = 10.0) -> None:
+    """Session expiry, checkpoint TTLs and old futures, every ``interval_s`` seconds."""
+    import shutil
+
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await expire_sessions(ctx, backends)
+            for ckpt in ctx.state.expired_checkpoints():
+                ctx.state.delete_checkpoint(ckpt.owner, ckpt.training_run_id, ckpt.checkpoint_id)
+                shutil.rmtree(ckpt.local_dir, ignore_errors=True)
+            ctx.state.purge_futures(older_than=ctx.state.clock() - ctx.server_args.future_ttl_s)
+        except Exception:  # keep housekeeping alive; the next round retries
+            logger.exception("housekeeping failed")

@@ -1,0 +1,75 @@
+"""How the gateway reaches the model and sampler deployments: in-process or through Ray handles."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from twinkle.server.errors import NotFound
+
+
+class OperationClient(Protocol):
+    async def call(self, owner: str, op: str, payload: dict[str, Any]) -> Any: ...
+
+
+class LocalClient:
+    """Calls a service object in this process (tests, single-process servers)."""
+
+    def __init__(self, service: Any) -> None:
+        self.service = service
+
+    async def call(self, owner: str, op: str, payload: dict[str, Any]) -> Any:
+        return await self.service.call(owner, op, payload)
+
+    async def unload_session(self, session_id: str) -> list[str]:
+        return await self.service.unload_session(session_id)
+
+
+class HandleClient:
+    """Calls a Serve deployment's ``call`` method through its handle."""
+
+    def __init__(self, deployment: str, app_name: str) -> None:
+        self.deployment, self.app_name = deployment, app_name
+        self._handle = None
+
+    def _get_handle(self):
+        if self._handle is None:
+            from ray import serve
+
+            self._handle = serve.get_deployment_handle(self.deployment, app_name=self.app_name)
+        return self._handle
+
+    async def call(self, owner: str, op: str, payload: dict[str, Any]) -> Any:
+        return await self._remote("call", owner, op, payload)
+
+    async def unload_session(self, session_id: str) -> list[str]:
+        return await self._remote("unload_session", session_id)
+
+    async def _remote(self, method: str, *args: Any) -> Any:
+        from twinkle.server.errors import from_exception
+
+        try:
+            return await getattr(self._get_handle(), method).remote(*args)
+        except Exception as exc:
+            # Ray wraps the deployment's exception; surface the original ServiceError.
+            cause = getattr(exc, "cause", None) or exc.__cause__ or exc
+            raise from_exception(cause) from None
+
+
+@dataclass
+class Backends:
+    """Model and sampler deployments by base model name (``tiny/qwen3.5``)."""
+
+    models: dict[str, OperationClient] = field(default_factory=dict)
+    samplers: dict[str, OperationClient] = field(default_factory=dict)
+    max_context: dict[str, int | None] = field(default_factory=dict)
+
+    def model(self, base_model: str) -> OperationClient:
+        if base_model not in self.models:
+            raise NotFound(f"unknown base model {base_model!r}; this server trains: {', '.join(self.models) or 'none'}")
+        return self.models[base_model]
+
+    def sampler(self, base_model: str) -> OperationClient:
+        if base_model not in self.samplers:
+            raise NotFound(f"no sampler for base model {base_model!r}; samplers: {', '.join(self.samplers) or 'none'}")
+        return self.samplers[base_model]

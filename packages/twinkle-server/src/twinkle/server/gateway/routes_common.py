@@ -1,0 +1,131 @@
+"""Routes every client uses: health, capabilities, sessions, training runs and checkpoints.
+
+Shapes follow the Tinker API (see TINKER_PROTOCOL.md); the Twinkle client reads the same ones.
+Every route but the health check needs an API key and only ever sees its own records.
+"""
+
+from __future__ import annotations
+
+import shutil
+from datetime import datetime, timezone
+
+from fastapi import APIRouter, Query, Request
+
+from twinkle.server.context import ServerContext
+from twinkle.server.errors import BadRequest
+from twinkle.server.gateway.backends import Backends
+from twinkle.server.web import read_json
+
+
+def _iso(ts: float | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts, tz=timezone.utc).isoformat()
+
+
+def run_to_wire(run) -> dict:
+    return {
+        "training_run_id": run.training_run_id,
+        "base_model": run.base_model,
+        "model_owner": run.owner,
+        "is_lora": run.is_lora,
+        "corrupted": run.corrupted,
+        "lora_rank": run.lora_rank,
+        "last_request_time": _iso(run.last_request_time),
+        "last_checkpoint": run.last_checkpoint,
+        "last_sampler_checkpoint": run.last_sampler_checkpoint,
+        "user_metadata": run.user_metadata or None,
+        "status": run.status,
+    }
+
+
+def checkpoint_to_wire(ckpt) -> dict:
+    wire = ckpt.to_tinker()
+    wire["twinkle_path"] = ckpt.path
+    wire["training_run_id"] = ckpt.training_run_id
+    return wire
+
+
+def create_common_router(ctx: ServerContext, backends: Backends) -> APIRouter:
+    router = APIRouter()
+    state = ctx.state
+    max_bytes = ctx.server_args.max_request_bytes
+
+    @router.get("/healthz")
+    async def healthz() -> dict:
+        return {"status": "ok"}
+
+    @router.get("/get_server_capabilities")
+    async def capabilities(request: Request) -> dict:
+        ctx.authenticate(request.headers)
+        names = list(dict.fromkeys([*ctx.server_args.server_config.supported_models, *backends.models, *backends.samplers]))
+        return {
+            "supported_models": [
+                {
+                    "model_name": name,
+                    "max_context_length": backends.max_context.get(name),
+                    "trainable": name in backends.models,
+                    "sampleable": name in backends.samplers,
+                }
+                for name in names
+            ]
+        }
+
+    @router.post("/create_session")
+    async def create_session(request: Request) -> dict:
+        owner = ctx.authenticate(request.headers)
+        body = await read_json(request, max_bytes)
+        record = state.create_session(owner, tags=list(body.get("tags") or []), user_metadata=body.get("user_metadata") or {},
+                                      sdk_version=body.get("sdk_version"))
+        return {"session_id": record.session_id, "type": "create_session"}
+
+    @router.post("/session_heartbeat")
+    async def heartbeat(request: Request) -> dict:
+        owner = ctx.authenticate(request.headers)
+        body = await read_json(request, max_bytes)
+        state.heartbeat(owner, _required(body, "session_id"))
+        return {"type": "session_heartbeat"}
+
+    @router.post("/sessions/{session_id}/finish")
+    async def finish(session_id: str, request: Request) -> dict:
+        owner = ctx.authenticate(request.headers)
+        state.finish_session(owner, session_id)
+        return {"session_id": session_id, "finished": True}
+
+    @router.get("/training_runs")
+    async def list_runs(request: Request, limit: int = Query(20, ge=0, le=1000), offset: int = Query(0, ge=0)) -> dict:
+        owner = ctx.authenticate(request.headers)
+        runs, total = state.list_runs(owner, limit=limit, offset=offset)
+        return {"training_runs": [run_to_wire(r) for r in runs], "cursor": {"offset": offset, "limit": limit, "total_count": total}}
+
+    @router.get("/training_runs/{run_id}")
+    async def get_run(run_id: str, request: Request) -> dict:
+        return run_to_wire(state.get_run(ctx.authenticate(request.headers), run_id))
+
+    @router.get("/training_runs/{run_id}/checkpoints")
+    async def list_checkpoints(run_id: str, request: Request) -> dict:
+        owner = ctx.authenticate(request.headers)
+        state.get_run(owner, run_id)
+        return {"checkpoints": [checkpoint_to_wire(c) for c in state.list_checkpoints(owner, run_id)]}
+
+    @router.delete("/training_runs/{run_id}/checkpoints/{kind}/{name}")
+    async def delete_checkpoint(run_id: str, kind: str, name: str, request: Request) -> dict:
+        owner = ctx.authenticate(request.headers)
+        record = state.delete_checkpoint(owner, run_id, f"{kind}/{name}")
+        shutil.rmtree(record.local_dir, ignore_errors=True)
+        return {"deleted": record.path}
+
+    @router.put("/training_runs/{run_id}/checkpoints/{kind}/{name}/ttl")
+    async def set_ttl(run_id: str, kind: str, name: str, request: Request) -> dict:
+        owner = ctx.authenticate(request.headers)
+        body = await read_json(request, max_bytes)
+        ttl = body.get("ttl_seconds")
+        if ttl is not None and (not isinstance(ttl, (int, float)) or ttl <= 0):
+            raise BadRequest("ttl_seconds must be a positive number or null")
+        return checkpoint_to_wire(state.set_checkpoint_ttl(owner, run_id, f"{kind}/{name}", ttl))
+
+    return router
+
+
+def _required(body: dict, key: str):
+    if key not in body:
+        raise BadRequest(f"missing field {key!r}")
+    return body[key]

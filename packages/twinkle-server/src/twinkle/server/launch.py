@@ -1,0 +1,252 @@
+"""Start Ray and Serve, deploy every application of a ``ServerConfig``, wait until ready, block.
+
+Each ``import_path`` maps to a builder ``build_app(app_config, server_config) -> Application`` in
+``APP_BUILDERS``, imported only when used so that validating a config needs neither Ray nor torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from twinkle.server.config import ApplicationConfig, ServerConfig
+
+logger = logging.getLogger("twinkle.server.launch")
+
+APP_BUILDERS: dict[str, str] = {
+    "server": "twinkle.server.gateway.deployment:build_app",
+    "model": "twinkle.server.model.deployment:build_app",
+    "sampler": "twinkle.server.sampler.deployment:build_app",
+    "processor": "twinkle.server.processor.deployment:build_app",
+}
+
+DEFAULT_NUM_CPUS = 0.1  # a replica's default of 1 CPU leaves a 2-core machine unschedulable
+DEFAULT_MAX_ONGOING_REQUESTS = {"server": 128, "model": 64, "sampler": 64, "processor": 32}
+PROPAGATED_ENV = ("TWINKLE_TRUST_REMOTE_CODE",)
+READY_TIMEOUT_S = 900.0
+
+
+class LaunchError(RuntimeError):
+    """An application could not be built or did not become ready."""
+
+
+def deployment_options(app_config: ApplicationConfig, deployment_name: str) -> dict[str, Any]:
+    """Keyword arguments for ``serve.deployment(...).options(**opts)`` from the YAML.
+
+    The deployment is matched by ``name``; an application with a single deployment entry uses it
+    whatever its name. Defaults fill what the YAML omits: ``num_cpus=0.1``,
+    ``max_ongoing_requests`` by application kind, and ``TWINKLE_TRUST_REMOTE_CODE`` copied from the
+    launcher's environment unless the deployment sets it.
+
+    Raises:
+        LaunchError: the application lists several deployments and none is ``deployment_name``.
+    """
+    configured = app_config.deployment(deployment_name)
+    if configured is None and len(app_config.deployments) == 1:
+        configured = app_config.deployments[0]
+    if configured is None and app_config.deployments:
+        names = ", ".join(d.name for d in app_config.deployments)
+        raise LaunchError(
+            f"application '{app_config.name}' has no deployment '{deployment_name}' (has: {names})"
+        )
+    opts: dict[str, Any] = {
+        "name": configured.name if configured else deployment_name,
+        "max_ongoing_requests": DEFAULT_MAX_ONGOING_REQUESTS[app_config.import_path],
+    }
+    actor: dict[str, Any] = {"num_cpus": DEFAULT_NUM_CPUS}
+    env_vars: dict[str, str] = {}
+    runtime_env: dict[str, Any] = {}
+    if configured is not None:
+        if configured.max_ongoing_requests is not None:
+            opts["max_ongoing_requests"] = configured.max_ongoing_requests
+        if configured.num_replicas is not None:
+            opts["num_replicas"] = configured.num_replicas
+        if configured.autoscaling_config is not None:
+            opts["autoscaling_config"] = configured.autoscaling_config.model_dump()
+        options = configured.ray_actor_options
+        actor.update(options.model_dump(exclude_none=True, exclude={"runtime_env", "resources"}))
+        if options.resources:
+            actor["resources"] = dict(options.resources)
+        merged = configured.merged_runtime_env()
+        env_vars.update(merged.env_vars)
+        runtime_env.update(merged.model_dump(exclude_none=True, exclude={"env_vars"}))
+    for key in PROPAGATED_ENV:
+        if key in os.environ:
+            env_vars.setdefault(key, os.environ[key])
+    if env_vars:
+        runtime_env["env_vars"] = env_vars
+    if runtime_env:
+        actor["runtime_env"] = runtime_env
+    opts["ray_actor_options"] = actor
+    return opts
+
+
+def resolve_builder(import_path: str) -> Callable[[ApplicationConfig, ServerConfig], Any]:
+    """Import the builder registered for ``import_path`` in ``APP_BUILDERS``."""
+    target = APP_BUILDERS[import_path]
+    module_name, _, attribute = target.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as error:
+        raise LaunchError(f"cannot load the '{import_path}' builder {target}: {error}") from error
+
+
+def init_ray(namespace: str | None = None) -> None:
+    """Connect to ``$RAY_ADDRESS`` or a running cluster, else start a light local Ray."""
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if ray.is_initialized():
+        return
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, namespace=namespace, log_to_driver=False)
+        return
+    try:
+        ray.init(address="auto", namespace=namespace, log_to_driver=False)
+        logger.info("connected to the running Ray cluster")
+    except ConnectionError:
+        ray.init(
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            log_to_driver=False,
+            namespace=namespace,
+        )
+
+
+def deploy(config: ServerConfig, ready_timeout_s: float = READY_TIMEOUT_S) -> str:
+    """Start Serve, deploy every application and wait until all are running.
+
+    Returns:
+        The gateway's base URL, e.g. ``http://127.0.0.1:8000/api/v1``.
+
+    Raises:
+        LaunchError: a builder failed, an application failed, or the deadline passed.
+    """
+    from ray import serve
+
+    http = config.http_options
+    http_options: dict[str, Any] = {"host": http.host, "port": http.port}
+    if http.request_timeout_s is not None:
+        http_options["request_timeout_s"] = http.request_timeout_s
+    serve.start(http_options=http_options, proxy_location=config.proxy_location)
+    targets = []
+    for app_config in config.applications:
+        builder = resolve_builder(app_config.import_path)
+        try:
+            application = builder(app_config, config)
+        except Exception as error:
+            raise LaunchError(
+                f"building application '{app_config.name}' failed: {error}"
+            ) from error
+        targets.append(
+            serve.RunTarget(application, name=app_config.name, route_prefix=app_config.route_prefix)
+        )
+    # Deploy all at once without Serve's unbounded wait; our own wait has a deadline.
+    serve.run_many(targets, wait_for_ingress_deployment_creation=False,
+                   wait_for_applications_running=False)  # fmt: skip
+    wait_until_running([app.name for app in config.applications], ready_timeout_s)
+    host = "127.0.0.1" if http.host in ("0.0.0.0", "::") else http.host
+    return f"http://{host}:{http.port}{config.server_application.route_prefix}"
+
+
+def wait_until_running(names: list[str], timeout_s: float, poll_s: float = 0.5) -> None:
+    """Poll ``serve.status()`` until every named application is RUNNING.
+
+    Raises:
+        LaunchError: an application failed (naming it and Serve's message), or ``timeout_s``
+            passed (naming the applications not yet running).
+    """
+    from ray import serve
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        statuses = serve.status().applications
+        pending = []
+        for name in names:
+            status = statuses.get(name)
+            state = str(getattr(status.status, "value", status.status)) if status else "NOT_STARTED"
+            if state in ("DEPLOY_FAILED", "UNHEALTHY"):
+                raise LaunchError(f"application '{name}' is {state}: {_describe(status)}")
+            if state != "RUNNING":
+                pending.append(f"'{name}' ({state}{': ' + _describe(status) if status else ''})")
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise LaunchError(
+                f"not running after {timeout_s:.0f} s: {', '.join(pending)}. A replica that never "
+                "schedules usually asks for more CPUs/GPUs than the cluster has "
+                "(ray_actor_options.num_cpus / num_gpus)."
+            )
+        time.sleep(poll_s)
+
+
+def _describe(status: Any) -> str:
+    messages = [status.message] if status.message else []
+    for name, deployment in status.deployments.items():
+        if deployment.message:
+            messages.append(f"{name}: {deployment.message}")
+    return "; ".join(messages) or "no message"
+
+
+def shutdown() -> None:
+    """Stop Serve and disconnect from (or stop the local) Ray."""
+    import ray
+    from ray import serve
+
+    if ray.is_initialized():
+        serve.shutdown()
+        ray.shutdown()
+
+
+def launch(
+    config: ServerConfig,
+    namespace: str | None = None,
+    blocking: bool = True,
+    *,
+    ready_timeout_s: float = READY_TIMEOUT_S,
+) -> str:
+    """Serve ``config``: start Ray and Serve, deploy, wait until ready, print the URL.
+
+    Args:
+        config: the validated server config.
+        namespace: the Ray namespace (default: ``$TWINKLE_RAY_NAMESPACE``, else anonymous).
+        blocking: block until Ctrl-C or SIGTERM, then shut down; otherwise return at once and
+            leave the caller to call ``shutdown()``.
+        ready_timeout_s: how long all applications may take to become RUNNING.
+
+    Returns:
+        The gateway's base URL.
+    """
+    init_ray(namespace or os.environ.get("TWINKLE_RAY_NAMESPACE") or None)
+    try:
+        url = deploy(config, ready_timeout_s)
+    except BaseException:
+        shutdown()
+        raise
+    print(f"Twinkle server ready at {url}", flush=True)
+    if blocking:
+        try:
+            _wait_for_stop_signal()
+        finally:
+            print("Shutting down the Twinkle server", flush=True)
+            shutdown()
+    return url
+
+
+def _wait_for_stop_signal() -> None:
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda *_: stop.set())
+    try:
+        while not stop.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        pass

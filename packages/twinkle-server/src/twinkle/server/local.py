@@ -1,0 +1,65 @@
+"""Every application of a config in ONE process and one ASGI app, without Ray.
+
+Each application's FastAPI app is mounted at its ``route_prefix`` (longest first, as Serve routes)
+and the gateway reaches the model and sampler services directly. Tests drive it through
+``httpx.ASGITransport``; ``twinkle-server launch --local`` serves it with uvicorn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.routing import Mount
+
+from twinkle.server.config import ModelArgs, ProcessorArgs, SamplerArgs, ServerArgs, ServerConfig, base_model_name
+from twinkle.server.context import ServerContext, build_context
+from twinkle.server.gateway.backends import Backends, LocalClient
+
+
+@dataclass
+class LocalServer:
+    """The mounted app plus the services behind it (for tests to inspect)."""
+
+    app: Starlette
+    context: ServerContext
+    backends: Backends
+    services: dict[str, Any] = field(default_factory=dict)
+
+
+def build_local_server(config: ServerConfig, store: Any = None) -> LocalServer:
+    """Build every application of ``config`` in this process."""
+    from twinkle.server.gateway.app import create_gateway_app
+    from twinkle.server.model.app import create_model_app
+    from twinkle.server.model.deployment import build_service
+
+    ctx = build_context(config, store=store)
+    backends = Backends()
+    services: dict[str, Any] = {}
+    mounts: list[tuple[str, Any]] = []
+    for app_config in config.applications:
+        args = app_config.args
+        if isinstance(args, ModelArgs):
+            service = build_service(app_config, ctx)
+            backends.models[base_model_name(args.model_id)] = LocalClient(service)
+            backends.max_context[base_model_name(args.model_id)] = args.max_length
+            mounts.append((app_config.route_prefix, create_model_app(service, ctx.authenticate, ctx.server_args.max_request_bytes)))
+            services[app_config.name] = service
+        elif isinstance(args, SamplerArgs):
+            from twinkle.server.sampler.deployment import build_sampler_service, create_sampler_app
+
+            service = build_sampler_service(app_config, ctx)
+            backends.samplers[base_model_name(args.model_id)] = LocalClient(service)
+            mounts.append((app_config.route_prefix, create_sampler_app(service, ctx.authenticate, ctx.server_args.max_request_bytes)))
+            services[app_config.name] = service
+        elif isinstance(args, ProcessorArgs):
+            from twinkle.server.processor.app import create_processor_app
+
+            mounts.append((app_config.route_prefix, create_processor_app(ctx.authenticate, ctx.server_args.max_request_bytes)))
+    for app_config in config.applications:
+        if app_config.import_path == "server" or isinstance(app_config.args, ServerArgs):
+            mounts.append((app_config.route_prefix, create_gateway_app(ctx, backends)))
+    mounts.sort(key=lambda m: len(m[0]), reverse=True)
+    app = Starlette(routes=[Mount(prefix.rstrip("/"), app=sub) for prefix, sub in mounts])
+    return LocalServer(app, ctx, backends, services)

@@ -1,0 +1,90 @@
+"""The ``model`` application as a Ray Serve deployment (``ModelManagement``)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ray import serve
+
+from twinkle.server.config import ApplicationConfig, ServerConfig, base_model_name
+from twinkle.server.context import build_context
+from twinkle.server.model.app import create_model_app
+from twinkle.server.model.backend import create_backend
+from twinkle.server.model.ratelimit import RateLimiter
+from twinkle.server.model.registry import StateRunRegistry
+from twinkle.server.model.service import ModelService
+
+
+def build_service(app_config: ApplicationConfig, context) -> ModelService:
+    """A ModelService for one ``model`` application of the config."""
+    args = app_config.args
+    kwargs: dict[str, Any] = {}
+    if args.torch_dtype and args.torch_dtype != "auto" and args.backend == "transformers":
+        kwargs["torch_dtype"] = args.torch_dtype
+    model = create_backend(args.backend, args.model_id, **kwargs)
+    gateway = context.server_args
+    registry = StateRunRegistry(context.state, context.storage_root, keep_last=gateway.keep_last_checkpoints,
+                                checkpoint_ttl_s=gateway.checkpoint_ttl_s)
+    queue = args.queue_config
+    return ModelService(
+        model,
+        base_model_name(args.model_id),
+        registry,
+        max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank,
+        per_token_model_limit=gateway.server_config.per_token_model_limit,
+        adapter_timeout=args.adapter_config.adapter_timeout,
+        adapter_max_lifetime=args.adapter_config.adapter_max_lifetime,
+        rate_limiter=RateLimiter(queue.rps_limit, queue.tps_limit, queue.max_input_tokens),
+        max_fused=queue.max_fused_tenants,
+        max_length=args.max_length,
+    )
+
+
+async def sweep_forever(service: ModelService, interval_s: float) -> None:
+    """Unload idle and expired adapters every ``interval_s`` seconds."""
+    while True:
+        await asyncio.sleep(interval_s)
+        await service.sweep()
+
+
+@serve.ingress()
+class ModelManagement:
+    """One replica: the shared base model with its LoRA pool, behind HTTP and a handle API."""
+
+    def __init__(self, app_config: dict[str, Any], server_config: dict[str, Any]) -> None:
+        self.config = ServerConfig.model_validate(server_config)
+        self.app_config = ApplicationConfig.model_validate(app_config)
+        self.context = build_context(self.config)
+        self.service = build_service(self.app_config, self.context)
+        self._sweeper: asyncio.Task | None = None
+
+    def __serve_build_asgi_app__(self):
+        app = create_model_app(self.service, self.context.authenticate, self.context.server_args.max_request_bytes)
+        timeout = self.app_config.args.adapter_config.adapter_timeout
+
+        @app.middleware("http")
+        async def _start_sweeper(request, call_next):
+            if self._sweeper is None:
+                self._sweeper = asyncio.get_running_loop().create_task(sweep_forever(self.service, min(30.0, timeout / 4)))
+            return await call_next(request)
+
+        return app
+
+    async def call(self, owner: str, op: str, payload: dict[str, Any]) -> Any:
+        """Handle API for the gateway: the same operations as the HTTP routes."""
+        return await self.service.call(owner, op, payload)
+
+    async def unload_session(self, session_id: str) -> list[str]:
+        """Unload the adapters of a session that stopped heartbeating (gateway housekeeping)."""
+        return await self.service.unload_session(session_id)
+
+
+def build_app(app_config: ApplicationConfig, server_config: ServerConfig):
+    """Launch builder for ``import_path: model``."""
+    from twinkle.server.launch import deployment_options
+
+    options = deployment_options(app_config, "ModelManagement")
+    deployment = serve.deployment(ModelManagement).options(**options)
+    return deployment.bind(app_config.model_dump(mode="json"), server_config.model_dump(mode="json"))

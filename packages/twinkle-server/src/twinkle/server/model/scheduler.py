@@ -1,0 +1,142 @@
+"""Fair per-tenant queues that fuse waiting ``forward_backward`` calls of different tenants.
+
+Each tenant's calls run strictly in submission order. Tenants are served round-robin: in one
+round, the ``forward_backward`` calls at the heads of the queues (up to ``max_fused``) run as ONE
+fused pass; any other call at a head runs on its own. No tenant can starve another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict, deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+FUSABLE = "forward_backward"
+
+
+@dataclass
+class Task:
+    """One queued call of one tenant."""
+
+    tenant: str
+    kind: str
+    payload: dict[str, Any]
+    future: asyncio.Future
+    enqueued_at: float = field(default_factory=time.monotonic)
+    started_at: float | None = None
+
+
+class FairScheduler:
+    """Runs tasks on one worker thread (the model is not thread-safe), fairly across tenants.
+
+    Args:
+        run_single: Executes one task, returns its result.
+        run_fused: Executes several tenants' ``forward_backward`` tasks in one pass, returns
+            their results in order.
+        max_fused: Most tenants fused into one pass.
+        on_done: Called as ``on_done(task, wait_s, exec_s, ok)`` after every task (metrics).
+    """
+
+    def __init__(self, run_single: Callable[[Task], Any], run_fused: Callable[[list[Task]], list[Any]],
+                 max_fused: int = 8, on_done: Callable[[Task, float, float, bool], None] | None = None) -> None:
+        self._run_single, self._run_fused = run_single, run_fused
+        self.max_fused = max(1, max_fused)
+        self._on_done = on_done
+        self._queues: OrderedDict[str, deque[Task]] = OrderedDict()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="twinkle-model")
+        self._wakeup: asyncio.Event | None = None
+        self._worker: asyncio.Task | None = None
+        self.fused_passes = 0
+
+    async def submit(self, tenant: str, kind: str, payload: dict[str, Any]) -> Any:
+        """Queue a call and wait for its result (exceptions propagate to the caller)."""
+        loop = asyncio.get_running_loop()
+        if self._worker is None or self._worker.done():
+            self._wakeup = asyncio.Event()
+            self._worker = loop.create_task(self._loop())
+        task = Task(tenant, kind, payload, loop.create_future())
+        self._queues.setdefault(tenant, deque()).append(task)
+        self._wakeup.set()
+        return await task.future
+
+    def depth(self, tenant: str | None = None) -> int:
+        """Queued (not yet started) calls, of one tenant or all."""
+        if tenant is not None:
+            return len(self._queues.get(tenant, ()))
+        return sum(len(q) for q in self._queues.values())
+
+    def depths(self) -> dict[str, int]:
+        return {tenant: len(q) for tenant, q in self._queues.items() if q}
+
+    def _next_batch(self) -> list[Task]:
+        heads = [(tenant, q[0]) for tenant, q in self._queues.items() if q]
+        if not heads:
+            return []
+        first_tenant, first = heads[0]
+        if first.kind != FUSABLE:
+            batch = [first]
+        else:
+            batch = [task for _, task in heads if task.kind == FUSABLE][: self.max_fused]
+        for task in batch:
+            self._queues[task.tenant].popleft()
+            # Round-robin: a served tenant goes to the back of the line.
+            self._queues.move_to_end(task.tenant)
+        return batch
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            while batch := self._next_batch():
+                now = time.monotonic()
+                for task in batch:
+                    task.started_at = now
+                await loop.run_in_executor(self._executor, self._execute, batch)
+
+    def _execute(self, batch: list[Task]) -> None:
+        started = time.monotonic()
+        if len(batch) > 1:
+            try:
+                results = self._run_fused(batch)
+            except Exception:
+                # One tenant's bad input must not fail the others: nothing was applied (inputs
+                # and losses are checked before the backward pass), so rerun them one by one.
+                results = None
+            if results is not None:
+                self.fused_passes += 1
+                for task, result in zip(batch, results):
+                    self._finish(task, result, None, started)
+                return
+        for task in batch:
+            try:
+                self._finish(task, self._run_single(task), None, time.monotonic())
+            except Exception as exc:  # noqa: BLE001 - handed to the waiting caller
+                self._finish(task, None, exc, time.monotonic())
+
+    def _finish(self, task: Task, result: Any, error: BaseException | None, started: float) -> None:
+        loop = task.future.get_loop()
+        if error is None:
+            loop.call_soon_threadsafe(_set_result, task.future, result)
+        else:
+            loop.call_soon_threadsafe(_set_exception, task.future, error)
+        if self._on_done is not None:
+            self._on_done(task, started - task.enqueued_at, time.monotonic() - started, error is None)
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _set_result(future: asyncio.Future, value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _set_exception(future: asyncio.Future, error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)

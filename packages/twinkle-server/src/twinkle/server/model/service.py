@@ -1,0 +1,177 @@
+"""The model deployment's logic, free of any web or Ray code: tenants' adapters on one base model,
+fair queues with fused ``forward_backward``, rate limits and the adapter lifecycle."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from twinkle.server.errors import AtCapacity, BadRequest, NotFound, from_exception
+from twinkle.server.model import ops as native_ops
+from twinkle.server.model.ratelimit import RateLimiter
+from twinkle.server.model.registry import RunRegistry
+from twinkle.server.model.scheduler import FUSABLE, FairScheduler, Task
+
+
+@dataclass
+class AdapterEntry:
+    """One tenant adapter living on the shared model."""
+
+    owner: str
+    name: str
+    internal: str
+    run_id: str
+    rank: int
+    session_id: str | None
+    created_at: float
+    last_used: float
+
+
+class ModelService:
+    """All tenants' training calls against one shared base model.
+
+    Every call is ``await service.call(owner, op, payload)``: ``owner`` is the authenticated
+    tenant; adapter names are per tenant, so two API keys can both have an adapter ``default``.
+
+    Args:
+        model: The backend model (``MultiLoraTransformersModel`` or ``MockModel``).
+        base_model: The name clients use for it (``tiny/qwen3.5``, ``Qwen/Qwen3.5-4B``).
+        registry: Where runs and checkpoints are recorded.
+        max_loras: Adapters the model holds at once; more -> :class:`AtCapacity`.
+        max_lora_rank: Largest rank accepted.
+        per_token_model_limit: Adapters one API key may hold server-wide.
+        adapter_timeout: Seconds of idleness after which an adapter is unloaded.
+        adapter_max_lifetime: Seconds after which an adapter is unloaded regardless.
+        rate_limiter: Per-tenant request/token limits.
+        max_fused: Most tenants fused into one pass.
+    """
+
+    def __init__(self, model: Any, base_model: str, registry: RunRegistry, *, max_loras: int = 8,
+                 max_lora_rank: int = 64, per_token_model_limit: int | None = None,
+                 adapter_timeout: float | None = 1800, adapter_max_lifetime: float | None = 36000,
+                 rate_limiter: RateLimiter | None = None, max_fused: int = 8, max_length: int | None = None,
+                 clock: Callable[[], float] = time.time,
+                 on_task_done: Callable[[Task, float, float, bool], None] | None = None) -> None:
+        self.model = model
+        self.base_model = base_model
+        self.registry = registry
+        self.max_loras, self.max_lora_rank = max_loras, max_lora_rank
+        self.per_token_model_limit = per_token_model_limit
+        self.adapter_timeout, self.adapter_max_lifetime = adapter_timeout, adapter_max_lifetime
+        self.rate_limiter = rate_limiter or RateLimiter()
+        self.max_length = max_length
+        self.clock = clock
+        self.adapters: dict[str, AdapterEntry] = {}
+        self.unloaded: dict[str, str] = {}  # internal name -> why
+        self.scheduler = FairScheduler(self._run_single, self._run_fused, max_fused=max_fused, on_done=on_task_done)
+
+    # ------------------------------------------------------------------ entry point
+    async def call(self, owner: str, op: str, payload: dict[str, Any] | None = None) -> Any:
+        """Run ``op`` for tenant ``owner``; raises :class:`~twinkle.server.errors.ServiceError`."""
+        payload = dict(payload or {})
+        handler = native_ops.OPS.get(op)
+        if handler is None:
+            raise NotFound(f"unknown operation {op!r}; known: {', '.join(sorted(native_ops.OPS))}")
+        name = payload.pop("adapter_name", None) or "default"
+        internal = self._internal(owner, name)
+        if op == "add_adapter_to_model":
+            self._admit_new_adapter(owner, name, internal, payload)
+        elif internal not in self.adapters:
+            raise self._missing(name, internal)
+        tokens = native_ops.count_tokens(payload)
+        if tokens:
+            self.rate_limiter.check(owner, tokens)
+        if self.max_length and tokens:
+            native_ops.check_lengths(payload, self.max_length)
+        payload["_owner"], payload["_name"] = owner, name
+        try:
+            return await self.scheduler.submit(internal, op, payload)
+        except Exception as exc:
+            raise from_exception(exc) from exc
+
+    def _internal(self, owner: str, name: str) -> str:
+        return "a" + hashlib.sha1(f"{owner}/{name}".encode()).hexdigest()[:16]
+
+    def _missing(self, name: str, internal: str) -> NotFound:
+        why = self.unloaded.get(internal)
+        if why:
+            return NotFound(f"adapter {name!r} was unloaded ({why}); add it again or resume from a checkpoint")
+        return NotFound(f"unknown adapter {name!r}: call add_adapter_to_model first")
+
+    def _admit_new_adapter(self, owner: str, name: str, internal: str, payload: dict[str, Any]) -> None:
+        rank = int((payload.get("config") or {}).get("r", 8))
+        if rank > self.max_lora_rank:
+            raise BadRequest(f"LoRA rank {rank} is over this server's max_lora_rank={self.max_lora_rank}")
+        if internal in self.adapters:
+            raise BadRequest(f"adapter {name!r} already exists for this API key")
+        if self.per_token_model_limit is not None and self.registry.count_active_runs(owner) >= self.per_token_model_limit:
+            raise BadRequest(
+                f"this API key already holds {self.per_token_model_limit} adapters (per_token_model_limit); "
+                "remove one first"
+            )
+        if len(self.adapters) >= self.max_loras:
+            raise AtCapacity(f"model {self.base_model} is at capacity (max_loras={self.max_loras}); retry later",
+                             retry_after=5.0)
+
+    # ------------------------------------------------------------------ execution (worker thread)
+    def _run_single(self, task: Task) -> Any:
+        handler = native_ops.OPS[task.kind]
+        entry = self.adapters.get(task.tenant)
+        if entry is None and task.kind != "add_adapter_to_model":
+            raise self._missing(task.payload.get("_name", "?"), task.tenant)
+        result = handler(self, task.tenant, entry, task.payload)
+        if task.tenant in self.adapters:
+            self.adapters[task.tenant].last_used = self.clock()
+        return result
+
+    def _run_fused(self, tasks: list[Task]) -> list[Any]:
+        requests = {}
+        for task in tasks:
+            if task.tenant not in self.adapters:
+                raise self._missing(task.payload.get("_name", "?"), task.tenant)
+            requests[task.tenant] = native_ops.forward_backward_request(task.payload)
+        results = self.model.forward_backward_many(requests)
+        now = self.clock()
+        for task in tasks:
+            self.adapters[task.tenant].last_used = now
+        return [native_ops.jsonable(results[task.tenant]) for task in tasks]
+
+    # ------------------------------------------------------------------ lifecycle
+    async def sweep(self, now: float | None = None) -> list[str]:
+        """Unload adapters idle past ``adapter_timeout`` or older than ``adapter_max_lifetime``."""
+        now = self.clock() if now is None else now
+        doomed = []
+        for internal, entry in list(self.adapters.items()):
+            if self.adapter_timeout is not None and now - entry.last_used > self.adapter_timeout:
+                doomed.append((entry, f"idle for more than adapter_timeout={self.adapter_timeout:g} s"))
+            elif self.adapter_max_lifetime is not None and now - entry.created_at > self.adapter_max_lifetime:
+                doomed.append((entry, f"older than adapter_max_lifetime={self.adapter_max_lifetime:g} s"))
+        for entry, why in doomed:
+            await self.unload(entry, why)
+        return [entry.name for entry, _ in doomed]
+
+    async def unload_session(self, session_id: str, why: str = "its session stopped heartbeating") -> list[str]:
+        """Unload every adapter created under ``session_id``."""
+        entries = [e for e in self.adapters.values() if e.session_id == session_id]
+        for entry in entries:
+            await self.unload(entry, why)
+        return [e.name for e in entries]
+
+    async def unload(self, entry: AdapterEntry, why: str) -> None:
+        await self.scheduler.submit(entry.internal, "remove_adapter", {"_owner": entry.owner, "_name": entry.name, "_why": why})
+
+    def status(self) -> dict[str, Any]:
+        """Queue depth and adapters, for health checks and the status table."""
+        return {
+            "base_model": self.base_model,
+            "adapters": len(self.adapters),
+            "max_loras": self.max_loras,
+            "queue_depth": self.scheduler.depth(),
+            "fused_passes": self.scheduler.fused_passes,
+            "rate_limit_rejections": self.rate_limiter.rejections,
+        }
+
+
+__all__ = ["AdapterEntry", "FUSABLE", "ModelService"]

@@ -1,0 +1,77 @@
+"""Web plumbing shared by every deployment's FastAPI app: errors, body limits, authentication."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from twinkle.server.errors import BadRequest, PayloadTooLarge, ServiceError, Unauthorized, from_exception
+
+Authenticator = Callable[[Any], str]
+"""Takes the request headers, returns the tenant id, raises ``Unauthorized``."""
+
+DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every :class:`ServiceError` becomes a JSON error with its status (and ``Retry-After``)."""
+
+    from twinkle.server.auth import AuthError
+    from twinkle.server.state import StateError
+
+    @app.exception_handler(StateError)
+    @app.exception_handler(AuthError)
+    async def _mapped_error(request: Request, exc: Exception) -> JSONResponse:
+        return await _service_error(request, from_exception(exc))
+
+    @app.exception_handler(ServiceError)
+    async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
+        headers = {"Retry-After": f"{max(1, round(exc.retry_after))}"} if exc.retry_after else None
+        return JSONResponse(exc.to_dict(), status_code=exc.status, headers=headers)
+
+
+async def read_json(request: Request, max_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> dict[str, Any]:
+    """The request's JSON object body, refusing oversized or malformed bodies with a clear 4xx."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise PayloadTooLarge(f"request body of {declared} bytes is over the limit of {max_bytes} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body.extend(chunk)
+        if len(body) > max_bytes:
+            raise PayloadTooLarge(f"request body is over the limit of {max_bytes} bytes")
+    if not body:
+        return {}
+    try:
+        value = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"malformed JSON body: {exc}") from None
+    if not isinstance(value, dict):
+        raise BadRequest(f"the JSON body must be an object, got {type(value).__name__}")
+    return value
+
+
+def bearer_or_api_key(headers: Any) -> str | None:
+    """The API key from ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``."""
+    auth = headers.get("authorization")
+    if auth and auth.lower().startswith("bearer "):
+        return auth[7:].strip() or None
+    return headers.get("x-api-key") or None
+
+
+def authenticator_from(auth: Any) -> Authenticator:
+    """Adapt an auth object (``authenticate(headers) -> principal``) to an :data:`Authenticator`."""
+
+    def authenticate(headers: Any) -> str:
+        try:
+            principal = auth.authenticate(headers)
+        except ServiceError:
+            raise
+        except Exception as exc:  # the auth module's own error type
+            raise Unauthorized(str(getattr(exc, "message", None) or exc)) from None
+        return principal.tenant_id
+
+    return authenticate

@@ -1,0 +1,84 @@
+"""A real Redis server for the tests: session-scoped, on a free local port, in a temp directory.
+
+Use it from a conftest with ``from redis_fixture import redis_url`` (put ``tests/server`` on
+``sys.path`` first). The fixture skips only when ``redis-server`` is not installed; CI installs it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+
+_START_TIMEOUT_S = 20.0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_until_ready(proc: subprocess.Popen, port: int) -> None:
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.5)
+    deadline = time.monotonic() + _START_TIMEOUT_S
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with code {proc.returncode}")
+            try:
+                if client.ping():
+                    return
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory):
+    """``redis://127.0.0.1:<port>/0`` of a throwaway redis-server, stopped after the session."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not on PATH (apt-get install redis-server)")
+    workdir = tmp_path_factory.mktemp("redis")
+    port = _free_port()
+    log = open(workdir / "redis.log", "wb")  # noqa: SIM115 - closed after the server stops
+    proc = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--dir",
+            str(workdir),
+        ],
+        cwd=workdir,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        _wait_until_ready(proc, port)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
