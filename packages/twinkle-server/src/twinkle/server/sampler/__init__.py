@@ -1,0 +1,1 @@
+"""The ``sampler`` application: sampling with tenants' adapters, by ``twinkle://`` checkpoint path."""

@@ -1,0 +1,90 @@
+"""The sampler deployment's logic: resolve each tenant's adapter paths, sample on one worker thread."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from typing import Any
+
+from twinkle.server.errors import BadRequest, NotFound, from_exception
+from twinkle.server.model.ops import jsonable
+from twinkle.server.model.ratelimit import RateLimiter
+
+
+def result_to_wire(result: Any) -> dict[str, Any]:
+    return {
+        "prompt_tokens": list(result.prompt_tokens),
+        "sequences": [asdict(seq) for seq in result.sequences],
+        "prompt_logprobs": result.prompt_logprobs,
+        "extra": jsonable(result.extra),
+    }
+
+
+class SamplerService:
+    """Sampling for every tenant on one sampler; adapters are the tenants' own checkpoints.
+
+    Args:
+        sampler: A ``twinkle.sampler.Sampler`` (torch or vLLM).
+        base_model: The name clients use for the model.
+        resolve_adapter: ``(owner, path) -> local directory``; refuses other tenants' paths.
+        rate_limiter: Per-tenant request/token limits.
+    """
+
+    def __init__(self, sampler: Any, base_model: str, resolve_adapter, rate_limiter: RateLimiter | None = None) -> None:
+        self.sampler = sampler
+        self.base_model = base_model
+        self.resolve_adapter = resolve_adapter
+        self.rate_limiter = rate_limiter or RateLimiter()
+        self.templates: dict[str, Any] = {}
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="twinkle-sampler")
+        self.requests = 0
+
+    async def call(self, owner: str, op: str, payload: dict[str, Any] | None = None) -> Any:
+        payload = dict(payload or {})
+        if op == "set_template":
+            return self._set_template(owner, payload)
+        if op != "sample":
+            raise NotFound(f"unknown sampler operation {op!r}; known: sample, set_template")
+        inputs = payload.get("inputs")
+        if not isinstance(inputs, list) or not inputs:
+            raise BadRequest("inputs must be a non-empty list of trajectories, features or token-id lists")
+        tokens = sum(len(x) if isinstance(x, list) else len(x.get("input_ids", ())) if isinstance(x, dict) else 0 for x in inputs)
+        self.rate_limiter.check(owner, tokens)
+        uris = self._adapter_dirs(owner, payload.get("adapter_uri"), len(inputs))
+        loop = asyncio.get_running_loop()
+        try:
+            response = await loop.run_in_executor(self._executor, self._sample, owner, inputs, payload.get("sampling_params"), uris)
+        except Exception as exc:
+            raise from_exception(exc) from exc
+        self.requests += 1
+        return {"results": [result_to_wire(r) for r in response]}
+
+    def _set_template(self, owner: str, payload: dict[str, Any]) -> dict[str, Any]:
+        from twinkle.template import get_template
+
+        name = payload.pop("template", None)
+        if not isinstance(name, str):
+            raise BadRequest("template must be given by name over HTTP, e.g. 'Qwen3_5Template'")
+        payload["model_id"] = self.sampler.model_id
+        try:
+            self.templates[owner] = get_template(name, **payload)
+        except (ValueError, TypeError) as exc:
+            raise BadRequest(str(exc)) from exc
+        return {"ok": True}
+
+    def _adapter_dirs(self, owner: str, adapter_uri: Any, count: int) -> list[str | None] | None:
+        if adapter_uri is None:
+            return None
+        uris = adapter_uri if isinstance(adapter_uri, list) else [adapter_uri] * count
+        if len(uris) != count:
+            raise BadRequest(f"adapter_uri has {len(uris)} entries for {count} inputs")
+        return [None if uri is None else str(self.resolve_adapter(owner, uri)) for uri in uris]
+
+    def _sample(self, owner: str, inputs: list, sampling_params: Any, uris: list[str | None] | None):
+        # Each tenant renders with its own template; calls run one at a time on this thread.
+        self.sampler.template = self.templates.get(owner)
+        return self.sampler.sample(inputs, sampling_params=sampling_params, adapter_uri=uris)
+
+    def status(self) -> dict[str, Any]:
+        return {"base_model": self.base_model, "requests": self.requests}

@@ -1,0 +1,188 @@
+"""The sampler's LoRA pool: PEFT directories loaded by ``adapter_uri``, least recently used evicted.
+
+Loading is all-or-nothing: the directory is checked (allowed location, files, base model, shapes)
+before the pool changes, and a failed load leaves the pool and the model as they were.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import OrderedDict
+from pathlib import Path
+
+from torch import nn
+
+from twinkle.model.lora import (
+    LoraRouter,
+    adapter_spec_from_config,
+    inject_adapter,
+    load_adapter_state_dict,
+    remove_adapter,
+)
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def resolve_adapter_dir(adapter_uri: str | os.PathLike, allowed_dirs: list[Path] | None) -> Path:
+    """The real directory of ``adapter_uri`` (symlinks and ``..`` resolved), checked.
+
+    Raises:
+        PermissionError: When it lies outside every allowed directory.
+        FileNotFoundError: When it is missing or is not a PEFT adapter directory.
+    """
+    uri = str(adapter_uri)
+    if "://" in uri:
+        scheme, _, rest = uri.partition("://")
+        if scheme != "file":
+            raise FileNotFoundError(
+                f"adapter_uri {uri!r}: only local paths (or file://) are supported"
+            )
+        uri = rest
+    path = Path(uri).expanduser().resolve()
+    if allowed_dirs is not None and not any(path == d or d in path.parents for d in allowed_dirs):
+        raise PermissionError(
+            f"adapter_uri {adapter_uri!r} resolves to {path}, outside the allowed adapter "
+            f"directories {[str(d) for d in allowed_dirs]}"
+        )
+    for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
+        if not (path / name).is_file():
+            raise FileNotFoundError(
+                f"adapter_uri {adapter_uri!r}: {path / name} not found (expected a PEFT adapter "
+                "directory written by model.save)"
+            )
+    return path
+
+
+def _strip_scheme(name: str) -> str:
+    for scheme in ("ms://", "hf://", "tiny://", "file://"):
+        if name.startswith(scheme):
+            return name[len(scheme) :]
+    return name
+
+
+def check_base_model(config: dict, adapter_dir: Path, model_id: str, model_dir: Path) -> None:
+    """Reject an adapter whose ``base_model_name_or_path`` names another model.
+
+    Accepted: no base recorded, our model id, our resolved directory, or a directory or hub name
+    with the same final component (the same tiny model or hub repo cached elsewhere).
+
+    Raises:
+        ValueError: On another base model.
+    """
+    base = config.get("base_model_name_or_path")
+    if not base:
+        return
+    ours = {
+        _strip_scheme(model_id),
+        str(model_dir),
+        Path(model_dir).name,
+        Path(_strip_scheme(model_id)).name,
+    }
+    candidates = {base, _strip_scheme(base), Path(_strip_scheme(base)).name}
+    try:
+        candidates.add(str(Path(base).expanduser().resolve()))
+    except OSError:
+        pass
+    if ours & candidates:
+        return
+    raise ValueError(
+        f"adapter {adapter_dir} was trained on base model {base!r}, not on this sampler's model "
+        f"{model_id!r} ({model_dir})"
+    )
+
+
+class AdapterPool:
+    """At most ``max_loras`` adapters on ``model``, keyed by their resolved directory.
+
+    A directory whose weights file changed since it was loaded (a checkpoint saved again under
+    the same name) is loaded again.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        router: LoraRouter,
+        model_id: str,
+        model_dir: Path,
+        max_loras: int,
+        allowed_dirs: list[str | os.PathLike] | None = None,
+    ) -> None:
+        if max_loras < 1:
+            raise ValueError(f"max_loras must be >= 1, got {max_loras}")
+        self.model, self.router = model, router
+        self.model_id, self.model_dir = model_id, Path(model_dir)
+        self.max_loras = max_loras
+        self.allowed_dirs = (
+            None if allowed_dirs is None else [Path(d).expanduser().resolve() for d in allowed_dirs]
+        )
+        self._loaded: OrderedDict[Path, tuple[str, int]] = (
+            OrderedDict()
+        )  # dir -> (name, weights mtime)
+        self._counter = 0
+
+    def __contains__(self, adapter_uri: str) -> bool:
+        try:
+            return resolve_adapter_dir(adapter_uri, self.allowed_dirs) in self._loaded
+        except (OSError, PermissionError):
+            return False
+
+    def loaded(self) -> list[str]:
+        """Resolved directories in the pool, least recently used first."""
+        return [str(p) for p in self._loaded]
+
+    def acquire(self, adapter_uris: list[str]) -> dict[str, str]:
+        """Load (or touch) every distinct uri; returns uri -> adapter name in the model.
+
+        Raises:
+            ValueError: More distinct adapters than ``max_loras`` in one call, or a bad adapter.
+            FileNotFoundError, PermissionError: See :func:`resolve_adapter_dir`.
+        """
+        distinct = list(dict.fromkeys(adapter_uris))
+        dirs = {uri: resolve_adapter_dir(uri, self.allowed_dirs) for uri in distinct}
+        if len(set(dirs.values())) > self.max_loras:
+            raise ValueError(
+                f"{len(set(dirs.values()))} distinct adapters in one call, more than max_loras={self.max_loras}"
+            )
+        names = {}
+        for uri, path in dirs.items():
+            names[uri] = self._load(path)
+        # Evict only adapters this call does not use.
+        in_use = set(dirs.values())
+        for path in list(self._loaded):
+            if len(self._loaded) <= self.max_loras:
+                break
+            if path not in in_use:
+                self._evict(path)
+        return names
+
+    def _load(self, path: Path) -> str:
+        mtime = (path / ADAPTER_WEIGHTS).stat().st_mtime_ns
+        if path in self._loaded and self._loaded[path][1] == mtime:
+            self._loaded.move_to_end(path)
+            return self._loaded[path][0]
+        from safetensors.torch import load_file
+
+        config = json.loads((path / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+        check_base_model(config, path, self.model_id, self.model_dir)
+        state = load_file(str(path / ADAPTER_WEIGHTS))
+        self._counter += 1
+        name = f"sampler-{self._counter}"
+        spec = adapter_spec_from_config(name, {**config, "lora_dropout": 0.0})
+        try:
+            inject_adapter(self.model, self.router, spec)
+            load_adapter_state_dict(self.model, name, state)
+        except ValueError as err:
+            remove_adapter(self.model, name)
+            raise ValueError(
+                f"adapter {path} does not fit this sampler's base model {self.model_id!r}: {err}"
+            ) from None
+        if path in self._loaded:
+            self._evict(path)
+        self._loaded[path] = (name, mtime)
+        return name
+
+    def _evict(self, path: Path) -> None:
+        name, _ = self._loaded.pop(path)
+        remove_adapter(self.model, name)

@@ -1,0 +1,172 @@
+"""``Sampler``: the interface every sampling backend implements, and the input handling they share."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from twinkle.data_format import Trajectory
+from twinkle.sampler.types import SampleResponse, SamplingParams
+
+_TOKEN_KEYS = ("input_ids", "labels", "length", "attention_mask", "position_ids")
+
+
+@dataclass
+class Prompt:
+    """One input as token ids, with the data that rides along (``Trajectory.extra``)."""
+
+    tokens: list[int]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Sampler(ABC):
+    """Generates completions for trajectories or token ids, each input with its own adapter.
+
+    Subclasses implement :meth:`_generate`; this class turns inputs into prompts (trajectories
+    through the template with its generation prompt), validates the parameters and the
+    per-input ``adapter_uri``.
+
+    Args:
+        model_id: The base model (``tiny://qwen3.5``, ``ms://org/name``, a directory, ...).
+    """
+
+    def __init__(self, model_id: str) -> None:
+        self.model_id = model_id
+        self.template = None
+
+    def set_template(self, template: Any, model_id: str | None = None, **kwargs: Any) -> None:
+        """Use ``template`` (a name such as ``'Qwen3_5Template'``, a class or an instance) to
+        render trajectory inputs; ``model_id`` defaults to the sampler's model."""
+        from twinkle.template import Template, get_template
+
+        if isinstance(template, Template):
+            self.template = template
+        else:
+            self.template = get_template(template, model_id=model_id or self.model_id, **kwargs)
+
+    def _template(self):
+        if self.template is None:
+            self.set_template("Template")
+        return self.template
+
+    @property
+    def stop_token_ids(self) -> set[int]:
+        """Token ids that always end a sequence: the template's end-of-turn and eos tokens."""
+        template = self._template()
+        ids = {int(template.eos_token_id)}
+        im_end = template.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if isinstance(im_end, int) and im_end != getattr(template.tokenizer, "unk_token_id", None):
+            ids.add(im_end)
+        return ids
+
+    def sample(
+        self,
+        inputs: Any,
+        sampling_params: SamplingParams | Mapping[str, Any] | None = None,
+        adapter_uri: str | Sequence[str | None] | None = None,
+        adapter_name: str | None = None,
+    ) -> SampleResponse:
+        """Sample completions.
+
+        Args:
+            inputs: Trajectories (rendered with the template and its generation prompt),
+                ``InputFeature``s / dicts with ``input_ids``, or lists of token ids; one input
+                alone is accepted too.
+            sampling_params: :class:`SamplingParams`, a dict of its fields, or ``None``.
+            adapter_uri: A PEFT adapter directory (``model.save(...)``) for every input, a list
+                with one uri (or ``None`` for the base model) per input, or ``None``.
+            adapter_name: An adapter the sampler already holds under this name, instead of a uri.
+
+        Returns:
+            One :class:`SampleResult` per input, in order.
+
+        Raises:
+            ValueError: Invalid parameters, inputs, or an adapter that does not fit the model.
+            FileNotFoundError: A missing adapter directory.
+            PermissionError: An adapter outside the allowed directories.
+        """
+        params = SamplingParams.coerce(sampling_params)
+        prompts = self.prepare_prompts(inputs)
+        uris = self._per_input_uris(adapter_uri, len(prompts))
+        if adapter_name is not None and adapter_uri is not None:
+            raise ValueError("pass adapter_uri or adapter_name, not both")
+        return self._generate(prompts, params, uris, adapter_name)
+
+    @abstractmethod
+    def _generate(
+        self,
+        prompts: list[Prompt],
+        params: SamplingParams,
+        adapter_uris: list[str | None],
+        adapter_name: str | None,
+    ) -> SampleResponse:
+        """Backend work: sample ``params.num_samples`` sequences for every prompt."""
+
+    # ------------------------------------------------------------------ inputs
+    def prepare_prompts(self, inputs: Any) -> list[Prompt]:
+        """Inputs as prompts of token ids.
+
+        Raises:
+            ValueError: On empty inputs or an empty prompt.
+        """
+        items = [inputs] if _is_single(inputs) else list(inputs)
+        if not items:
+            raise ValueError("inputs is empty")
+        prompts = [self._prompt(item) for item in items]
+        for i, prompt in enumerate(prompts):
+            if not prompt.tokens:
+                raise ValueError(f"input {i} has no tokens")
+        return prompts
+
+    def _prompt(self, item: Any) -> Prompt:
+        if isinstance(item, Trajectory) or (isinstance(item, Mapping) and "messages" in item):
+            trajectory = Trajectory.coerce(dict(item) if not isinstance(item, Trajectory) else item)
+            feature = self._template().encode(trajectory, add_generation_prompt=True)
+            return Prompt([int(t) for t in feature["input_ids"]], dict(trajectory.extra))
+        if isinstance(item, Mapping):
+            if "input_ids" not in item:
+                raise ValueError("an input mapping needs 'messages' (a trajectory) or 'input_ids'")
+            extra = dict(item.get("extra") or {})
+            extra.update({k: v for k, v in item.items() if k not in _TOKEN_KEYS and k != "extra"})
+            return Prompt(_token_list(item["input_ids"]), extra)
+        return Prompt(_token_list(item))
+
+    @staticmethod
+    def _per_input_uris(adapter_uri: Any, count: int) -> list[str | None]:
+        if (
+            adapter_uri is None
+            or isinstance(adapter_uri, (str, bytes))
+            or hasattr(adapter_uri, "__fspath__")
+        ):
+            return [None if adapter_uri is None else str(adapter_uri)] * count
+        uris = [None if u is None else str(u) for u in adapter_uri]
+        if len(uris) != count:
+            raise ValueError(f"adapter_uri has {len(uris)} entries for {count} inputs")
+        return uris
+
+
+def _is_single(inputs: Any) -> bool:
+    if isinstance(inputs, (Mapping, Trajectory, np.ndarray)):
+        return not (isinstance(inputs, np.ndarray) and inputs.ndim == 2)
+    if hasattr(inputs, "dim") and hasattr(inputs, "tolist"):  # a torch tensor
+        return inputs.dim() == 1
+    if (
+        isinstance(inputs, Sequence)
+        and inputs
+        and all(isinstance(t, (int, np.integer)) for t in inputs)
+    ):
+        return True
+    return False
+
+
+def _token_list(value: Any) -> list[int]:
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    tokens = list(value)
+    if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in tokens):
+        raise ValueError("token ids must be integers")
+    return [int(t) for t in tokens]

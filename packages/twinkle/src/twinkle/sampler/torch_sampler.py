@@ -1,0 +1,176 @@
+"""``TorchSampler``: generation with transformers and the multi-LoRA router, several adapters per batch."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from twinkle.model.lora import LoraRouter, RowRoute
+from twinkle.sampler._adapter_pool import AdapterPool
+from twinkle.sampler._decoding import choose_tokens, row_seeds
+from twinkle.sampler._generation import DecodeBatch
+from twinkle.sampler.base import Prompt, Sampler
+from twinkle.sampler.types import SampledSequence, SampleResponse, SampleResult, SamplingParams
+
+
+class TorchSampler(Sampler):
+    """Samples with a transformers model; rows of one batch may use different LoRA adapters.
+
+    The whole batch runs one forward per decode step: each row's adapter is applied to its rows
+    by the multi-LoRA router, the base model is shared. Prompts are left-padded, and decoding
+    reuses the model's cache (attention KV and, for Qwen3.5's linear-attention layers, their
+    recurrent state); a model that returns no cache is recomputed in full at each step.
+
+    Args:
+        model_id: ``tiny://qwen3.5``, ``ms://org/name``, ``hf://org/name`` or a local directory.
+        max_loras: Adapters kept loaded; the least recently used is evicted beyond this.
+        allowed_adapter_dirs: When given, ``adapter_uri`` must resolve inside one of them.
+        device: Torch device; CUDA when available unless given.
+        torch_dtype: Weights dtype (float32 on CPU, bfloat16 on CUDA by default).
+    """
+
+    def __init__(
+        self,
+        model_id: str,
+        max_loras: int = 8,
+        allowed_adapter_dirs: list[str | os.PathLike] | None = None,
+        device: str | torch.device | None = None,
+        torch_dtype: torch.dtype | None = None,
+    ) -> None:
+        from transformers import AutoModelForCausalLM
+
+        from twinkle.hub import resolve_model_dir
+
+        super().__init__(model_id)
+        self.model_dir = Path(resolve_model_dir(model_id))
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        dtype = torch_dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        trust = os.environ.get("TWINKLE_TRUST_REMOTE_CODE", "0") == "1"
+        self.model = AutoModelForCausalLM.from_pretrained(
+            self.model_dir, dtype=dtype, trust_remote_code=trust
+        )
+        self.model.to(self.device).eval().requires_grad_(False)
+        self.router = LoraRouter()
+        self.adapters = AdapterPool(
+            self.model, self.router, model_id, self.model_dir, max_loras, allowed_adapter_dirs
+        )
+        self._named: dict[str, str] = {}
+        self._cache_kwarg = (
+            "cache"
+            if "cache" in inspect.signature(self.model.forward).parameters
+            else "past_key_values"
+        )
+        self.uses_cache: bool | None = None  # known after the first generation
+
+    def load_adapter(self, adapter_uri: str | os.PathLike, adapter_name: str | None = None) -> None:
+        """Load ``adapter_uri`` now (and name it, for ``sample(adapter_name=...)``)."""
+        self.adapters.acquire([str(adapter_uri)])
+        if adapter_name is not None:
+            self._named[adapter_name] = str(adapter_uri)
+
+    # -------------------------------------------------------------- generation
+    def _generate(
+        self,
+        prompts: list[Prompt],
+        params: SamplingParams,
+        adapter_uris: list[str | None],
+        adapter_name: str | None,
+    ) -> SampleResponse:
+        if adapter_name is not None:
+            if adapter_name not in self._named:
+                raise ValueError(
+                    f"unknown adapter_name {adapter_name!r}; load it with load_adapter(uri, adapter_name=...)"
+                )
+            adapter_uris = [self._named[adapter_name]] * len(prompts)
+        names = self.adapters.acquire([u for u in adapter_uris if u is not None])
+        n = params.num_samples
+        row_prompts = [p.tokens for p in prompts for _ in range(n)]
+        row_adapters = [None if u is None else names[u] for u in adapter_uris for _ in range(n)]
+        seeds = row_seeds(params.seed, len(prompts), n)
+        # Rows with the same adapter sit together, so each adapter is one contiguous route.
+        order = sorted(range(len(row_prompts)), key=lambda r: (row_adapters[r] or "", r))
+        sequences, prompt_lps = self._decode(
+            [row_prompts[r] for r in order],
+            [row_adapters[r] for r in order],
+            [seeds[r] for r in order],
+            params,
+        )
+        by_row = dict(zip(order, zip(sequences, prompt_lps)))
+        response = SampleResponse()
+        for i, prompt in enumerate(prompts):
+            rows = [by_row[i * n + k] for k in range(n)]
+            want_prompt = params.prompt_logprobs or params.max_tokens == 0
+            response.append(
+                SampleResult(
+                    prompt_tokens=list(prompt.tokens),
+                    sequences=[seq for seq, _ in rows] if params.max_tokens > 0 else [],
+                    prompt_logprobs=rows[0][1] if want_prompt else None,
+                    extra=prompt.extra,
+                )
+            )
+        return response
+
+    def _decode(
+        self,
+        rows: list[list[int]],
+        adapters: list[str | None],
+        seeds: list[int],
+        params: SamplingParams,
+    ) -> tuple[list[SampledSequence], list[list[float | None] | None]]:
+        template = self._template()
+        want_prompt = params.prompt_logprobs or params.max_tokens == 0
+        batch = DecodeBatch.left_padded(rows, template.pad_token_id, self.device)
+        vocab = self.model.get_input_embeddings().weight.shape[0]
+        seen_B_V = batch.seen_tokens(vocab) if params.repetition_penalty != 1.0 else None
+        generators = [torch.Generator().manual_seed(s) for s in seeds]
+        stop_ids = self.stop_token_ids | set(params.stop_token_ids)
+        with torch.no_grad(), self.router.route(_routes(adapters)):
+            logits_B_T_V, cache = self._forward(batch, None, keep_all=want_prompt)
+            prompt_lps = batch.prompt_logprobs(logits_B_T_V) if want_prompt else [None] * len(rows)
+            last_B_V = logits_B_T_V[:, -1]
+            for step in range(params.max_tokens):
+                picked_B = choose_tokens(last_B_V, seen_B_V, params, generators)
+                logprobs_B = torch.log_softmax(last_B_V.float(), dim=-1).gather(
+                    1, picked_B.to(last_B_V.device)[:, None]
+                )
+                batch.append(picked_B, logprobs_B[:, 0].cpu(), stop_ids, params, template)
+                if seen_B_V is not None:
+                    seen_B_V[torch.arange(len(rows)), picked_B.to(seen_B_V.device)] = True
+                if batch.all_done() or step == params.max_tokens - 1:
+                    break
+                logits_B_T_V, cache = self._forward(batch, cache, keep_all=False)
+                last_B_V = logits_B_T_V[:, -1]
+        return batch.sequences(template, params), prompt_lps
+
+    def _forward(self, batch: DecodeBatch, cache: Any, keep_all: bool) -> tuple[torch.Tensor, Any]:
+        """Prefill (``cache is None``) or one decode step; falls back to full recompute when the
+        model keeps no cache."""
+        if cache is None or self.uses_cache is False:
+            ids, mask, pos = batch.full_inputs()
+        else:
+            ids, mask, pos = batch.step_inputs()
+        kwargs = {"use_cache": self.uses_cache is not False, "logits_to_keep": 0 if keep_all else 1}
+        if cache is not None and self.uses_cache:
+            kwargs[self._cache_kwarg] = cache
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, **kwargs)
+        new_cache = out.get("cache", None)
+        if new_cache is None:
+            new_cache = out.get("past_key_values", None)
+        if self.uses_cache is None:
+            self.uses_cache = new_cache is not None
+        return out.logits, new_cache
+
+
+def _routes(adapters: list[str | None]) -> list[RowRoute]:
+    """Contiguous runs of one adapter as router routes (rows without an adapter use the base model)."""
+    routes, start = [], 0
+    for row in range(1, len(adapters) + 1):
+        if row == len(adapters) or adapters[row] != adapters[start]:
+            if adapters[start] is not None:
+                routes.append(RowRoute(adapters[start], start, row))
+            start = row
+    return routes

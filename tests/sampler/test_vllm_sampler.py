@@ -1,0 +1,62 @@
+"""vLLMSampler: import guard everywhere; real checks where vllm imports (tools/vllm_cpu_env.sh)."""
+
+import importlib.util
+
+import pytest
+from peft import LoraConfig
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="vllm is installed")
+def test_without_vllm_construction_raises_import_error_with_advice():
+    from twinkle.sampler import vLLMSampler
+
+    with pytest.raises(ImportError, match="vllm_cpu_env.sh"):
+        vLLMSampler("tiny://qwen3")
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    if not HAS_VLLM:
+        pytest.skip("vllm is not importable")
+    from twinkle.model import MultiLoraTransformersModel
+    from twinkle.sampler import vLLMSampler
+
+    trainer = MultiLoraTransformersModel("tiny://qwen3", torch_dtype="float32", device="cpu")
+    trainer.add_adapter_to_model(
+        "a",
+        LoraConfig(
+            r=8, lora_alpha=16, init_lora_weights=False, target_modules=["q_proj", "v_proj"]
+        ),
+    )
+    path = trainer.save("a", output_dir=tmp_path_factory.mktemp("vllm"))
+    sampler = vLLMSampler(
+        "tiny://qwen3",
+        engine_args={"dtype": "float32", "max_lora_rank": 8, "gpu_memory_utilization": 0.5},
+    )
+    sampler.set_template("Qwen3_5Template", model_id="tiny://qwen3")
+    return trainer, sampler, path
+
+
+def test_vllm_greedy_with_adapter_and_logprobs(engine):
+    trainer, sampler, path = engine
+    prompts = [[10, 20, 30, 40], [50, 60, 70]]
+    response = sampler.sample(
+        prompts, {"max_tokens": 5, "temperature": 0}, adapter_uri=[path, None]
+    )
+    assert [len(r.sequences) for r in response] == [1, 1]
+    first = response[0].sequences[0]
+    assert len(first.logprobs) == len(first.tokens) > 0
+    out = trainer.forward_only(response[:1], adapter_name="a")
+    assert abs(float(out["logprobs"][0].sum()) - sum(first.logprobs)) < 0.05 * len(first.tokens)
+
+
+def test_vllm_prompt_logprobs_with_max_tokens_zero(engine):
+    _, sampler, _ = engine
+    result = sampler.sample([[10, 20, 30, 40]], {"max_tokens": 0})[0]
+    assert (
+        result.sequences == []
+        and result.prompt_logprobs[0] is None
+        and len(result.prompt_logprobs) == 4
+    )
