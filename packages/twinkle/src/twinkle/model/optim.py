@@ -37,11 +37,11 @@ def build_optimizer(spec: Any, params: list[torch.nn.Parameter], **kwargs: Any) 
     return cls(params, **kwargs)
 
 
-def _constant(**_: Any):
+def _constant():
     return lambda step: 1.0
 
 
-def _cosine_with_warmup(num_warmup_steps: int = 0, num_training_steps: int = 1000, min_lr_ratio: float = 0.0, **_: Any):
+def _cosine_with_warmup(num_warmup_steps: int = 0, num_training_steps: int = 1000, min_lr_ratio: float = 0.0):
     def factor(step: int) -> float:
         if step < num_warmup_steps:
             return (step + 1) / max(1, num_warmup_steps)
@@ -51,7 +51,7 @@ def _cosine_with_warmup(num_warmup_steps: int = 0, num_training_steps: int = 100
     return factor
 
 
-def _linear_decay(lr_decay_steps: int = 1000, num_warmup_steps: int = 0, min_lr_ratio: float = 0.0, **_: Any):
+def _linear_decay(lr_decay_steps: int = 1000, num_warmup_steps: int = 0, min_lr_ratio: float = 0.0):
     def factor(step: int) -> float:
         if step < num_warmup_steps:
             return (step + 1) / max(1, num_warmup_steps)
@@ -68,6 +68,12 @@ _LAMBDA_SCHEDULES = {
     "default": _linear_decay,
 }
 SCHEDULERS = ["LinearLR", "CosineAnnealingLR", "StepLR", *_LAMBDA_SCHEDULES]
+
+
+def check_scheduler_name(spec: Any) -> None:
+    """Raise ``ValueError`` for an unknown scheduler name (before anything is built)."""
+    if isinstance(spec, str) and spec not in SCHEDULERS:
+        raise ValueError(f"unknown lr scheduler {spec!r}; known: {', '.join(SCHEDULERS)}")
 
 
 def build_scheduler(spec: Any, optimizer: torch.optim.Optimizer, **kwargs: Any):
@@ -88,7 +94,11 @@ def build_scheduler(spec: Any, optimizer: torch.optim.Optimizer, **kwargs: Any):
                 for group in optimizer.param_groups:
                     group["lr"] = max_lr
                     group["initial_lr"] = max_lr
-            return torch.optim.lr_scheduler.LambdaLR(optimizer, _LAMBDA_SCHEDULES[spec](**kwargs))
+            try:
+                factor = _LAMBDA_SCHEDULES[spec](**kwargs)
+            except TypeError as exc:  # a misspelt argument must not be silently ignored
+                raise ValueError(f"lr scheduler {spec!r}: {exc}") from None
+            return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         if spec in ("LinearLR", "CosineAnnealingLR", "StepLR"):
             if spec == "CosineAnnealingLR":
                 kwargs.setdefault("T_max", 1000)

@@ -92,11 +92,18 @@ def resume(model, tenant: Tenant, path: Path) -> dict[str, Any]:
     progress = ckpt.read_json(state_path)
     if not progress.get("has_optimizer"):
         raise ValueError(f"{directory} was saved without optimizer state (save_optimizer=False): use load() for weights only")
+    if progress.get("base_model") not in (None, model.model_id):
+        raise ValueError(f"{directory} was trained on {progress['base_model']}, this model is {model.model_id}")
     load_weights(model, tenant, directory)
     if tenant.optimizer is None:
         configs = progress.get("train_configs", {}).get("optimizer") or {"name": "Adam"}
         configs = dict(configs)
         model.set_optimizer(configs.pop("name"), adapter_name=tenant.name, **configs)
+    # Built before the optimizer state is loaded: a new scheduler resets the learning rate.
+    scheduler_config = progress.get("train_configs", {}).get("lr_scheduler")
+    if tenant.scheduler is None and scheduler_config and (directory / ckpt.SCHEDULER_STATE).is_file():
+        scheduler_config = dict(scheduler_config)
+        model.set_lr_scheduler(scheduler_config.pop("name"), adapter_name=tenant.name, **scheduler_config)
     tenant.optimizer.load_state_dict(torch.load(directory / ckpt.OPTIMIZER_STATE, weights_only=False))
     if tenant.scheduler is not None and (directory / ckpt.SCHEDULER_STATE).is_file():
         tenant.scheduler.load_state_dict(torch.load(directory / ckpt.SCHEDULER_STATE, weights_only=False))

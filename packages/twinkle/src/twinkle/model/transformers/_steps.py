@@ -109,14 +109,22 @@ def run_base(model: MultiLoraTransformersModel, states: list[ForwardState], rout
 
 
 def _attach_logprobs(states: list[ForwardState], logits: torch.Tensor, attr: str) -> None:
+    """Log-probs of every state's targets, from one pass over the stacked logits.
+
+    One cross-entropy and one argmax over all rows: slicing the logits per tenant first would make
+    backward zero-fill a full-size logits gradient once per tenant.
+    """
+    seq = logits.shape[1]
+    targets = torch.cat([_pad_to(s.targets, seq, IGNORE_INDEX) for s in states]).to(logits.device)
+    logprobs = token_logprobs(logits, targets)
+    predicted = logits.detach().argmax(-1).cpu() if attr == "logprobs" else None
     row = 0
     for state in states:
-        rows, seq = state.targets.shape
-        lp = token_logprobs(logits[row : row + rows, :seq], state.targets.to(logits.device))
-        setattr(state, attr, lp)
-        if attr == "logprobs":
-            predicted = logits[row : row + rows, :seq].argmax(-1).cpu()
-            state.correct = int(((predicted == state.targets) & (state.targets != IGNORE_INDEX)).sum())
+        rows, state_seq = state.targets.shape
+        setattr(state, attr, logprobs[row : row + rows, :state_seq])
+        if predicted is not None:
+            hits = (predicted[row : row + rows, :state_seq] == state.targets) & (state.targets != IGNORE_INDEX)
+            state.correct = int(hits.sum())
         row += rows
 
 
@@ -211,3 +219,13 @@ def _row_logprobs(state: ForwardState) -> list[Any]:
     lp = state.logprobs.detach().cpu()
     mask = state.mask.bool()
     return [lp[i][mask[i]].numpy() for i in range(lp.shape[0])]
+
+
+def add_loss_inputs(state: ForwardState, kwargs: dict[str, Any]) -> None:
+    """Loss inputs given to ``calculate_loss`` instead of ``forward`` (e.g. ``advantages``)."""
+    rows, seq = state.targets.shape
+    for key in PER_TOKEN_KEYS:
+        value = kwargs.pop(key, None)
+        if value is not None:
+            state.extras[key] = as_float_tensor(value, rows, seq, key)
+    state.loss_kwargs.update(kwargs)

@@ -8,7 +8,6 @@ from typing import Any
 
 import torch
 
-from twinkle.model import checkpoint as ckpt
 from twinkle.model.lora import (
     LoraRouter,
     RowRoute,
@@ -21,7 +20,7 @@ from twinkle.model.lora import (
     resolve_target_modules,
 )
 from twinkle.model.metrics import Metric
-from twinkle.model.optim import build_optimizer, build_scheduler
+from twinkle.model.optim import build_optimizer, build_scheduler, check_scheduler_name
 from twinkle.model.tenant import Tenant, TrainConfigs
 from twinkle.model.transformers import _steps
 from twinkle.model.transformers.batch import split_inputs
@@ -139,12 +138,15 @@ class MultiLoraTransformersModel:
         tenant.processor = None  # the processor's padding id follows the template
 
     def set_processor(self, processor: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
-        """Set how the tenant's samples become tensors (``'InputProcessor'``, ``padding_side=...``)."""
-        from twinkle.processor import get_processor
-
+        """Set how the tenant's samples become tensors (``'InputProcessor'``, ``padding_side=...``,
+        or a processor instance, used as is)."""
         tenant = self._tenant(adapter_name)
-        tenant.processor_config = {"name": processor if isinstance(processor, str) else type(processor).__name__, **kwargs}
-        tenant.processor = self._build_processor(tenant)
+        if isinstance(processor, str):
+            tenant.processor_config = {"name": processor, **kwargs}
+            tenant.processor = self._build_processor(tenant)
+        else:
+            tenant.processor_config = {"name": type(processor).__name__, **kwargs}
+            tenant.processor = processor
 
     def _build_processor(self, tenant: Tenant):
         from twinkle.processor import get_processor
@@ -153,7 +155,7 @@ class MultiLoraTransformersModel:
         name = config.pop("name")
         if config.get("pad_token_id") is None:
             config["pad_token_id"] = self._template(tenant).pad_token_id
-        return get_processor(name, **config) if isinstance(name, str) else name
+        return get_processor(name, **config)
 
     def set_loss(self, loss: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
         """Set the tenant's loss: a name (``'CrossEntropyLoss'``, ``'GRPOLoss'``, ...), class or instance."""
@@ -175,6 +177,7 @@ class MultiLoraTransformersModel:
     def set_lr_scheduler(self, scheduler: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
         """Set the tenant's learning-rate scheduler (``'LinearLR'``, ``'cosine'``, ``'constant'``, ...)."""
         tenant = self._tenant(adapter_name)
+        check_scheduler_name(scheduler)
         if tenant.optimizer is None:
             self.set_optimizer("AdamW", adapter_name=tenant.name)
         tenant.scheduler = build_scheduler(scheduler, tenant.optimizer, **kwargs)
@@ -206,6 +209,7 @@ class MultiLoraTransformersModel:
         tenant = self._tenant(adapter_name)
         if tenant.last_forward is None:
             raise RuntimeError(f"adapter {tenant.name!r}: call forward before calculate_loss")
+        _steps.add_loss_inputs(tenant.last_forward, kwargs)
         _steps.compute_loss(self, tenant, tenant.last_forward, kwargs)
         return float(tenant.last_forward.loss_output.loss.detach())
 
