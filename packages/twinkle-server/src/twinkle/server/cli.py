@@ -32,6 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument(
         "--namespace", default=None, help=f"Ray namespace (default: ${NAMESPACE_ENV})"
     )
+    launch.add_argument(
+        "--local",
+        action="store_true",
+        help="serve every application in this one process with uvicorn, without Ray (development)",
+    )
 
     check = commands.add_parser("check-config", help="validate a config file without starting")
     _add_config_option(check)
@@ -98,6 +103,11 @@ def _print_config(config, args) -> int:
 def _launch(config, args) -> int:
     from twinkle.server.launch import LaunchError, launch
 
+    if args.local:
+        from twinkle.server.local import serve_local
+
+        serve_local(config)
+        return EXIT_OK
     namespace = args.namespace or os.environ.get(NAMESPACE_ENV) or None
     try:
         launch(config, namespace=namespace, blocking=True)

@@ -16,6 +16,7 @@ from starlette.routing import Mount
 from twinkle.server.config import ModelArgs, ProcessorArgs, SamplerArgs, ServerArgs, ServerConfig, base_model_name
 from twinkle.server.context import ServerContext, build_context
 from twinkle.server.gateway.backends import Backends, LocalClient
+from twinkle.server.telemetry import TracedClient, TracedService, publish_resource_gauges, setup_telemetry
 
 
 @dataclass
@@ -35,6 +36,8 @@ def build_local_server(config: ServerConfig, store: Any = None) -> LocalServer:
     from twinkle.server.model.deployment import build_service
 
     ctx = build_context(config, store=store)
+    setup_telemetry(config.telemetry, "Gateway")
+    publish_resource_gauges(ctx)
     backends = Backends()
     services: dict[str, Any] = {}
     mounts: list[tuple[str, Any]] = []
@@ -42,7 +45,7 @@ def build_local_server(config: ServerConfig, store: Any = None) -> LocalServer:
         args = app_config.args
         if isinstance(args, ModelArgs):
             service = build_service(app_config, ctx)
-            backends.models[base_model_name(args.model_id)] = LocalClient(service)
+            backends.models[base_model_name(args.model_id)] = TracedClient(LocalClient(TracedService(service, "Model")))
             backends.max_context[base_model_name(args.model_id)] = args.max_length
             mounts.append((app_config.route_prefix, create_model_app(service, ctx.authenticate, ctx.server_args.max_request_bytes)))
             services[app_config.name] = service
@@ -50,7 +53,7 @@ def build_local_server(config: ServerConfig, store: Any = None) -> LocalServer:
             from twinkle.server.sampler.deployment import build_sampler_service, create_sampler_app
 
             service = build_sampler_service(app_config, ctx)
-            backends.samplers[base_model_name(args.model_id)] = LocalClient(service)
+            backends.samplers[base_model_name(args.model_id)] = TracedClient(LocalClient(TracedService(service, "Sampler")))
             mounts.append((app_config.route_prefix, create_sampler_app(service, ctx.authenticate, ctx.server_args.max_request_bytes)))
             services[app_config.name] = service
         elif isinstance(args, ProcessorArgs):
@@ -63,3 +66,13 @@ def build_local_server(config: ServerConfig, store: Any = None) -> LocalServer:
     mounts.sort(key=lambda m: len(m[0]), reverse=True)
     app = Starlette(routes=[Mount(prefix.rstrip("/"), app=sub) for prefix, sub in mounts])
     return LocalServer(app, ctx, backends, services)
+
+
+def serve_local(config: ServerConfig) -> None:
+    """Serve ``config`` from this process on its ``http_options`` address until interrupted."""
+    import uvicorn
+
+    server = build_local_server(config)
+    host, port = config.http_options.host, config.http_options.port
+    print(f"Twinkle server (local mode) on http://{host}:{port}/api/v1", flush=True)
+    uvicorn.run(server.app, host=host, port=port, log_level="warning")

@@ -54,19 +54,20 @@ class StateBase:
     def _modify(
         self, key: str, model: type[R], owner: str, what: str, change: Callable[[R], R | None]
     ) -> R:
-        """Atomically apply ``change`` to ``owner``'s record (``None`` from ``change`` keeps it)."""
-        result: list[R] = []
+        """Atomically apply ``change`` to ``owner``'s record (``None`` from ``change`` keeps it).
+
+        The result is read from ``update``'s return value, not from a side effect of ``apply``:
+        a store may run ``apply`` in another process (the Ray actor behind memory mode).
+        """
 
         def apply(current: dict[str, Any] | None) -> dict[str, Any]:
             if current is None or current.get("owner") != owner:
                 raise NotFoundError(f"{what} not found")
             record = model.model_validate(current)
             changed = change(record) or record
-            result[:] = [changed]
             return changed.model_dump(mode="json")
 
-        self.store.update(key, apply)
-        return result[0]
+        return model.model_validate(self.store.update(key, apply))
 
     def _all(self, prefix: str, model: type[R], owner: str | None = None) -> list[R]:
         """Every record under ``prefix`` (``owner``'s only when given)."""
