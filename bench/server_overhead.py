@@ -1,0 +1,182 @@
+"""Server overhead: a remote forward_backward vs the same call in-process, and the aggregate
+throughput of 1, 4 and 8 concurrent tenants through a real Ray Serve deployment vs local fused steps.
+
+Prints one JSON object per line:
+  {"bench": "server_overhead", "kind": "latency", ...local_p50_ms, remote_p50_ms, overhead_p50_ms...}
+  {"bench": "server_overhead", "kind": "throughput", "tenants": N, "server_tps", "local_fused_tps", "ratio"}
+
+Usage: python bench/server_overhead.py [--model tiny://qwen3.5] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import statistics
+import time
+
+import httpx
+import numpy as np
+
+KEYS = [f"bench-key-{i}" for i in range(8)]
+
+
+def features(rows: int, seq: int, seed: int) -> list[dict]:
+    ids = np.random.default_rng(seed).integers(10, 4000, size=(rows, seq)).tolist()
+    return [{"input_ids": r, "labels": r} for r in ids]
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q))
+
+
+def local_latency(model_id: str, batch: list[dict], calls: int) -> list[float]:
+    from twinkle.model import MultiLoraTransformersModel
+
+    model = MultiLoraTransformersModel(model_id)
+    model.add_adapter_to_model("t", {"r": 8, "lora_alpha": 16})
+    model.set_optimizer("Adam", lr=1e-4)
+    inputs = [{k: np.asarray(v) for k, v in f.items()} for f in batch]
+    times = []
+    for i in range(calls + 3):
+        start = time.perf_counter()
+        model.forward_backward(inputs)
+        if i >= 3:
+            times.append(time.perf_counter() - start)
+        model.clip_grad_and_step()
+    return times
+
+
+def local_fused_tps(model_id: str, tenants: int, rows: int, seq: int, steps: int) -> float:
+    from twinkle.model import MultiLoraTransformersModel
+
+    model = MultiLoraTransformersModel(model_id)
+    names = [f"t{i}" for i in range(tenants)]
+    batches = {}
+    for i, name in enumerate(names):
+        model.add_adapter_to_model(name, {"r": 8, "lora_alpha": 16})
+        model.set_optimizer("Adam", lr=1e-4, adapter_name=name)
+        batches[name] = [{k: np.asarray(v) for k, v in f.items()} for f in features(rows, seq, i)]
+    start = None
+    for step in range(steps + 2):
+        if step == 2:
+            start = time.perf_counter()
+        model.forward_backward_many({name: {"inputs": batches[name]} for name in names})
+        for name in names:
+            model.clip_grad_and_step(adapter_name=name)
+    return tenants * rows * seq * steps / (time.perf_counter() - start)
+
+
+def start_server(model_id: str, port: int, storage: str) -> str:
+    import ray
+
+    from twinkle.server.config import parse_config
+    from twinkle.server.launch import deploy
+
+    base = model_id.replace("://", "/")
+    config = parse_config({
+        "http_options": {"host": "127.0.0.1", "port": port},
+        "auth": {"api_keys": KEYS},
+        "storage": {"root": storage},
+        "applications": [
+            {"name": "server", "route_prefix": "/api/v1", "import_path": "server",
+             "args": {"server_config": {"per_token_model_limit": 2, "supported_models": [base]}}},
+            {"name": "model", "route_prefix": f"/api/v1/model/{base}", "import_path": "model",
+             "args": {"backend": "transformers", "model_id": model_id, "max_loras": 16}},
+        ],
+    })
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
+             namespace="twinkle-bench")
+    deploy(config, ready_timeout_s=300)
+    return f"http://127.0.0.1:{port}/api/v1/model/{base}"
+
+
+def remote_client(url: str, key: str, name: str) -> httpx.Client:
+    http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=300)
+    r = http.post("/add_adapter_to_model", json={"adapter_name": name, "config": {"r": 8, "lora_alpha": 16}})
+    r.raise_for_status()
+    http.post("/set_optimizer", json={"adapter_name": name, "optimizer": "Adam", "lr": 1e-4}).raise_for_status()
+    return http
+
+
+def remote_latency(url: str, batch: list[dict], calls: int) -> list[float]:
+    http = remote_client(url, KEYS[0], "latency")
+    times = []
+    for i in range(calls + 3):
+        start = time.perf_counter()
+        http.post("/forward_backward", json={"adapter_name": "latency", "inputs": batch}).raise_for_status()
+        if i >= 3:
+            times.append(time.perf_counter() - start)
+        http.post("/clip_grad_and_step", json={"adapter_name": "latency"}).raise_for_status()
+    return times
+
+
+def remote_tps(url: str, tenants: int, rows: int, seq: int, steps: int) -> float:
+    clients = [remote_client(url, KEYS[i], f"tp{tenants}") for i in range(tenants)]
+    def loop(i: int) -> None:
+        batch = features(rows, seq, i)
+        for _ in range(2):  # warm-up
+            clients[i].post("/forward_backward", json={"adapter_name": f"tp{tenants}", "inputs": batch}).raise_for_status()
+            clients[i].post("/clip_grad_and_step", json={"adapter_name": f"tp{tenants}"}).raise_for_status()
+        for _ in range(steps):
+            clients[i].post("/forward_backward", json={"adapter_name": f"tp{tenants}", "inputs": batch}).raise_for_status()
+            clients[i].post("/clip_grad_and_step", json={"adapter_name": f"tp{tenants}"}).raise_for_status()
+
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(tenants) as pool:
+        list(pool.map(loop, range(tenants)))
+    elapsed = time.perf_counter() - start
+    for http in clients:
+        http.post("/remove_adapter", json={"adapter_name": f"tp{tenants}"})
+        http.close()
+    return tenants * rows * seq * (steps + 2) / elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="tiny://qwen3.5")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--port", type=int, default=8123)
+    args = parser.parse_args()
+    import tempfile
+
+    import torch
+
+    calls = 20 if args.quick else 60
+    steps = 5 if args.quick else 15
+    batch = features(2, 16, 0)
+    local = local_latency(args.model, batch, calls)
+    url = start_server(args.model, args.port, tempfile.mkdtemp(prefix="twinkle-bench-"))
+    try:
+        remote = remote_latency(url, batch, calls)
+        print(json.dumps({
+            "bench": "server_overhead", "kind": "latency", "model": args.model, "rows": 2, "seq": 16,
+            "calls": calls, "torch_threads": torch.get_num_threads(),
+            "local_p50_ms": round(1e3 * statistics.median(local), 2),
+            "local_p95_ms": round(1e3 * percentile(local, 95), 2),
+            "remote_p50_ms": round(1e3 * statistics.median(remote), 2),
+            "remote_p95_ms": round(1e3 * percentile(remote, 95), 2),
+            "overhead_p50_ms": round(1e3 * (statistics.median(remote) - statistics.median(local)), 2),
+        }), flush=True)
+        for tenants in (1, 4, 8):
+            server = remote_tps(url, tenants, rows=2, seq=64, steps=steps)
+            local_fused = local_fused_tps(args.model, tenants, rows=2, seq=64, steps=steps)
+            print(json.dumps({
+                "bench": "server_overhead", "kind": "throughput", "model": args.model, "tenants": tenants,
+                "rows": 2, "seq": 64, "server_tps": round(server, 1), "local_fused_tps": round(local_fused, 1),
+                "ratio": round(server / local_fused, 3),
+            }), flush=True)
+    finally:
+        import ray
+        from ray import serve
+
+        serve.shutdown()
+        ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
