@@ -17,10 +17,16 @@ DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Every :class:`ServiceError` becomes a JSON error with its status (and ``Retry-After``)."""
+    """Every :class:`ServiceError` becomes a JSON error with its status (and ``Retry-After``).
+
+    Also installs the HTTP telemetry (a span and request metrics per request; no-op when off).
+    """
 
     from twinkle.server.auth import AuthError
     from twinkle.server.state import StateError
+    from twinkle.server.telemetry import install_http_telemetry
+
+    install_http_telemetry(app)
 
     @app.exception_handler(StateError)
     @app.exception_handler(AuthError)

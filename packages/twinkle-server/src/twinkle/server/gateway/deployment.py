@@ -11,6 +11,7 @@ from twinkle.server.config import ApplicationConfig, ModelArgs, SamplerArgs, Ser
 from twinkle.server.context import build_context
 from twinkle.server.gateway.app import create_gateway_app, housekeeping_forever
 from twinkle.server.gateway.backends import Backends, HandleClient
+from twinkle.server.telemetry import TracedClient, publish_resource_gauges, setup_telemetry
 
 DEPLOYMENT_NAMES = {"model": "ModelManagement", "sampler": "SamplerManagement"}
 
@@ -21,10 +22,11 @@ def handle_backends(config: ServerConfig) -> Backends:
     for app in config.applications:
         if isinstance(app.args, ModelArgs):
             name = base_model_name(app.args.model_id)
-            backends.models[name] = HandleClient(DEPLOYMENT_NAMES["model"], app.name)
+            backends.models[name] = TracedClient(HandleClient(DEPLOYMENT_NAMES["model"], app.name))
             backends.max_context[name] = app.args.max_length
         elif isinstance(app.args, SamplerArgs):
-            backends.samplers[base_model_name(app.args.model_id)] = HandleClient(DEPLOYMENT_NAMES["sampler"], app.name)
+            backends.samplers[base_model_name(app.args.model_id)] = TracedClient(
+                HandleClient(DEPLOYMENT_NAMES["sampler"], app.name))
     return backends
 
 
@@ -35,6 +37,8 @@ class TinkerCompatServer:
     def __init__(self, server_config: dict[str, Any]) -> None:
         self.config = ServerConfig.model_validate(server_config)
         self.context = build_context(self.config)
+        setup_telemetry(self.config.telemetry, "Gateway")
+        publish_resource_gauges(self.context)
         self.backends = handle_backends(self.config)
         self._housekeeping: asyncio.Task | None = None
 

@@ -24,8 +24,7 @@ def create_model_app(service: ModelService, authenticate: Authenticator,
 
     @app.get("/status")
     async def status(request: Request) -> dict:
-        authenticate(request.headers)
-        return service.status()
+        return service.status(authenticate(request.headers))
 
     @app.post("/{op}")
     async def call(op: str, request: Request):

@@ -14,6 +14,7 @@ from twinkle.server.model.backend import create_backend
 from twinkle.server.model.ratelimit import RateLimiter
 from twinkle.server.model.registry import StateRunRegistry
 from twinkle.server.model.service import ModelService
+from twinkle.server.telemetry import ModelTaskMetrics, serve_traced, setup_telemetry
 
 
 def build_service(app_config: ApplicationConfig, context) -> ModelService:
@@ -22,12 +23,16 @@ def build_service(app_config: ApplicationConfig, context) -> ModelService:
     kwargs: dict[str, Any] = {}
     if args.torch_dtype and args.torch_dtype != "auto" and args.backend == "transformers":
         kwargs["torch_dtype"] = args.torch_dtype
+    mesh = args.device_mesh
+    if mesh is not None and mesh.dp_size > 1:
+        kwargs.update(dp_size=mesh.dp_size, device_type=mesh.device_type, worker_options=_worker_options(app_config))
     model = create_backend(args.backend, args.model_id, **kwargs)
     gateway = context.server_args
     registry = StateRunRegistry(context.state, context.storage_root, keep_last=gateway.keep_last_checkpoints,
                                 checkpoint_ttl_s=gateway.checkpoint_ttl_s)
     queue = args.queue_config
-    return ModelService(
+    metrics = ModelTaskMetrics(base_model_name(args.model_id))
+    service = ModelService(
         model,
         base_model_name(args.model_id),
         registry,
@@ -39,7 +44,23 @@ def build_service(app_config: ApplicationConfig, context) -> ModelService:
         rate_limiter=RateLimiter(queue.rps_limit, queue.tps_limit, queue.max_input_tokens),
         max_fused=queue.max_fused_tenants,
         max_length=args.max_length,
+        on_task_done=metrics.on_task_done,
     )
+    metrics.watch(service)
+    return service
+
+
+def _worker_options(app_config: ApplicationConfig) -> dict[str, Any]:
+    """Data-parallel ranks land where the deployment does: its custom ``resources`` labels, and
+    its ``num_cpus`` per CPU rank (a GPU rank takes one GPU)."""
+    options: dict[str, Any] = {}
+    deployment = app_config.deployments[0] if len(app_config.deployments) == 1 else None
+    actor = deployment.ray_actor_options if deployment is not None else None
+    if actor is not None and actor.resources:
+        options["resources"] = dict(actor.resources)
+    if actor is not None and actor.num_cpus is not None and app_config.args.device_mesh.device_type == "cpu":
+        options["num_cpus"] = actor.num_cpus
+    return options
 
 
 async def sweep_forever(service: ModelService, interval_s: float) -> None:
@@ -57,6 +78,7 @@ class ModelManagement:
         self.config = ServerConfig.model_validate(server_config)
         self.app_config = ApplicationConfig.model_validate(app_config)
         self.context = build_context(self.config)
+        setup_telemetry(self.config.telemetry, "Model")
         self.service = build_service(self.app_config, self.context)
         self._sweeper: asyncio.Task | None = None
 
@@ -74,7 +96,7 @@ class ModelManagement:
 
     async def call(self, owner: str, op: str, payload: dict[str, Any]) -> Any:
         """Handle API for the gateway: the same operations as the HTTP routes."""
-        return await self.service.call(owner, op, payload)
+        return await serve_traced("Model", self.service.call, owner, op, payload)
 
     async def unload_session(self, session_id: str) -> list[str]:
         """Unload the adapters of a session that stopped heartbeating (gateway housekeeping)."""

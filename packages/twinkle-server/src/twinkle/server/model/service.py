@@ -14,6 +14,10 @@ from twinkle.server.model.ratelimit import RateLimiter
 from twinkle.server.model.registry import RunRegistry
 from twinkle.server.model.scheduler import FUSABLE, FairScheduler, Task
 
+TOKEN_OPS = ("forward_backward", "forward")
+"""Training passes: their input tokens count as trained, their ``loss`` is the tenant's last loss."""
+STEP_OPS = ("step", "clip_grad_and_step", "tinker_optim_step")
+
 
 @dataclass
 class AdapterEntry:
@@ -27,6 +31,11 @@ class AdapterEntry:
     session_id: str | None
     created_at: float
     last_used: float
+    steps: int = 0
+    tokens: int = 0
+    losses: int = 0
+    last_loss: float | None = None
+    first_trained_at: float | None = None
 
 
 class ModelService:
@@ -124,6 +133,7 @@ class ModelService:
         result = handler(self, task.tenant, entry, task.payload)
         if task.tenant in self.adapters:
             self.adapters[task.tenant].last_used = self.clock()
+            self._note_progress(task, result)
         return result
 
     def _run_fused(self, tasks: list[Task]) -> list[Any]:
@@ -134,9 +144,23 @@ class ModelService:
             requests[task.tenant] = native_ops.forward_backward_request(task.payload)
         results = self.model.forward_backward_many(requests)
         now = self.clock()
-        for task in tasks:
+        wire = [native_ops.jsonable(results[task.tenant]) for task in tasks]
+        for task, result in zip(tasks, wire):
             self.adapters[task.tenant].last_used = now
-        return [native_ops.jsonable(results[task.tenant]) for task in tasks]
+            self._note_progress(task, result)
+        return wire
+
+    def _note_progress(self, task: Task, result: Any) -> None:
+        """Steps, trained tokens and last loss of the task's adapter (status table, metrics)."""
+        entry = self.adapters[task.tenant]
+        if task.kind in TOKEN_OPS:
+            entry.tokens += native_ops.count_tokens(task.payload)
+            entry.first_trained_at = entry.first_trained_at or self.clock()
+        if task.kind in STEP_OPS:
+            entry.steps += 1
+        loss = result.get("loss") if isinstance(result, dict) else None
+        if task.kind in TOKEN_OPS and isinstance(loss, (int, float)):
+            entry.last_loss, entry.losses = float(loss), entry.losses + 1
 
     # ------------------------------------------------------------------ lifecycle
     async def sweep(self, now: float | None = None) -> list[str]:
@@ -162,8 +186,11 @@ class ModelService:
     async def unload(self, entry: AdapterEntry, why: str) -> None:
         await self.scheduler.submit(entry.internal, "remove_adapter", {"_owner": entry.owner, "_name": entry.name, "_why": why})
 
-    def status(self) -> dict[str, Any]:
-        """Queue depth and adapters, for health checks and the status table."""
+    def status(self, owner: str | None = None) -> dict[str, Any]:
+        """Queue depth and adapters, for health checks and the status table.
+
+        ``tenants`` lists ``owner``'s own adapters only (other tenants are just counted).
+        """
         return {
             "base_model": self.base_model,
             "adapters": len(self.adapters),
@@ -171,6 +198,16 @@ class ModelService:
             "queue_depth": self.scheduler.depth(),
             "fused_passes": self.scheduler.fused_passes,
             "rate_limit_rejections": self.rate_limiter.rejections,
+            "tenants": [self._status_row(e) for e in self.adapters.values() if owner is not None and e.owner == owner],
+        }
+
+    def _status_row(self, entry: AdapterEntry) -> dict[str, Any]:
+        elapsed = entry.last_used - entry.first_trained_at if entry.first_trained_at else 0.0
+        return {
+            "adapter_name": entry.name, "training_run_id": entry.run_id, "rank": entry.rank,
+            "steps": entry.steps, "tokens": entry.tokens, "last_loss": entry.last_loss,
+            "tokens_per_s": entry.tokens / elapsed if elapsed > 0 else None,
+            "queue_depth": self.scheduler.depth(entry.internal), "idle_s": self.clock() - entry.last_used,
         }
 
 

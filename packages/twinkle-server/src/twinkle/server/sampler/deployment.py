@@ -11,6 +11,7 @@ from twinkle.server.config import ApplicationConfig, ServerConfig, base_model_na
 from twinkle.server.context import build_context
 from twinkle.server.model.ratelimit import RateLimiter
 from twinkle.server.sampler.service import SamplerService
+from twinkle.server.telemetry import serve_traced, setup_telemetry
 from twinkle.server.web import DEFAULT_MAX_REQUEST_BYTES, Authenticator, install_error_handlers, read_json
 
 
@@ -66,13 +67,14 @@ class SamplerManagement:
         self.config = ServerConfig.model_validate(server_config)
         self.app_config = ApplicationConfig.model_validate(app_config)
         self.context = build_context(self.config)
+        setup_telemetry(self.config.telemetry, "Sampler")
         self.service = build_sampler_service(self.app_config, self.context)
 
     def __serve_build_asgi_app__(self):
         return create_sampler_app(self.service, self.context.authenticate, self.context.server_args.max_request_bytes)
 
     async def call(self, owner: str, op: str, payload: dict[str, Any]) -> Any:
-        return await self.service.call(owner, op, payload)
+        return await serve_traced("Sampler", self.service.call, owner, op, payload)
 
 
 def build_app(app_config: ApplicationConfig, server_config: ServerConfig):
