@@ -1,6 +1,7 @@
 """Test-wide settings: nothing may reach a model hub, and Ray/Tinker stay quiet and local."""
 
 import os
+import shutil
 
 for _key, _value in {
     "HF_HUB_OFFLINE": "1",
@@ -13,6 +14,12 @@ for _key, _value in {
     "TOKENIZERS_PARALLELISM": "false",
 }.items():
     os.environ.setdefault(_key, _value)
+
+# Triton's interpreter must be chosen before anything imports triton (torch and transformers do,
+# and triton's own library functions are built at import): without a GPU, the kernel tests run
+# interpreted on the CPU.
+if shutil.which("nvidia-smi") is None:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
 

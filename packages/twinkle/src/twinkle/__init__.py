@@ -14,3 +14,21 @@ from twinkle._logging import get_logger  # noqa: E402
 from twinkle._version import __version__  # noqa: E402
 
 __all__ = ["__version__", "get_logger"]
+
+# Client entry points re-exported from the twinkle-client distribution, and the placement API
+# (twinkle.parallel), loaded on first use.
+_LAZY = {
+    "init_twinkle_client": "twinkle_client",
+    "init_tinker_client": "twinkle_client",
+    "DeviceGroup": "twinkle.parallel",
+    "DeviceMesh": "twinkle.parallel",
+    "initialize": "twinkle.parallel",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'twinkle' has no attribute {name!r}")

@@ -34,6 +34,10 @@ def build_optimizer(spec: Any, params: list[torch.nn.Parameter], **kwargs: Any) 
     if not isinstance(lr, (int, float)) or lr <= 0:
         raise ValueError(f"learning rate must be > 0, got {lr!r}")
     kwargs["lr"] = lr
+    if cls in (torch.optim.Adam, torch.optim.AdamW) and "fused" not in kwargs and "foreach" not in kwargs:
+        # One fused kernel per step instead of several per parameter: ~4x cheaper per tenant step
+        # on CPU (measured in bench/multi_tenant_train.py), which matters with many small tenants.
+        kwargs["fused"] = True
     return cls(params, **kwargs)
 
 

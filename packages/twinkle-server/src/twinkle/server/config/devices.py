@@ -62,6 +62,13 @@ def placement_problems(
     if group is None or mesh is None:
         return []
     problems = []
+    if (mesh.dp_size * mesh.tp_size) % mesh.ep_size:
+        problems.append(
+            (
+                ("device_mesh", "ep_size"),
+                f"{mesh.ep_size} must divide dp_size*tp_size = {mesh.dp_size * mesh.tp_size}",
+            )
+        )
     if group.device_type != mesh.device_type:
         problems.append(
             (

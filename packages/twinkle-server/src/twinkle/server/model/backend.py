@@ -5,13 +5,29 @@ from __future__ import annotations
 from typing import Any
 
 
-def create_backend(backend: str, model_id: str, **kwargs: Any) -> Any:
+def create_backend(backend: str, model_id: str, dp_size: int = 1, device_type: str | None = None,
+                   worker_options: dict[str, Any] | None = None, **kwargs: Any) -> Any:
     """The shared multi-LoRA model for ``backend`` in ``transformers | megatron | mock``.
 
+    Args:
+        dp_size: Data-parallel replicas; above 1 (transformers only) the model is a
+            ``twinkle.parallel.DataParallelModel`` whose ranks are Ray actors.
+        device_type: ``cpu`` or ``cuda`` of the replicas (``device_mesh.device_type``).
+        worker_options: ``DataParallelModel`` placement options (``num_cpus``, ``resources``).
+
     Raises:
-        ValueError: Unknown backend.
+        ValueError: Unknown backend, or ``dp_size > 1`` with a backend other than transformers.
         RuntimeError: ``megatron`` without megatron-core (and CUDA).
     """
+    if dp_size > 1:
+        if backend != "transformers":
+            raise ValueError(
+                f"dp_size {dp_size} > 1 needs backend 'transformers' (backend is '{backend}'): "
+                "mock runs in one process and megatron brings its own parallelism"
+            )
+        from twinkle.parallel import DataParallelModel
+
+        return DataParallelModel(model_id, dp_size, device_type or "cpu", **(worker_options or {}), **kwargs)
     if backend == "transformers":
         from twinkle.model import MultiLoraTransformersModel
 

@@ -204,3 +204,5 @@ OPS: dict[str, Callable] = {
     "load": _from_checkpoint("load"),
     "resume_from_checkpoint": _from_checkpoint("resume_from_checkpoint"),
 }
+
+from twinkle.server.model import tinker_ops  # noqa: E402,F401  - registers the Tinker API ops

@@ -9,7 +9,7 @@ from twinkle.model.lora.inject import (
     resolve_target_modules,
 )
 from twinkle.model.lora.layer import LoraRouter, MultiLoraLinear, RowRoute
-from twinkle.model.lora.ops import LoraSegment, segmented_lora_reference
+from twinkle.model.lora.ops import LoraSegment, segmented_lora, segmented_lora_reference
 from twinkle.model.lora.spec import AdapterSpec, adapter_spec_from_config, validate_adapter_name
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "load_adapter_state_dict",
     "remove_adapter",
     "resolve_target_modules",
+    "segmented_lora",
     "segmented_lora_reference",
     "validate_adapter_name",
 ]

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from twinkle.model.lora.ops import LoraSegment, segmented_lora_reference
+from twinkle.model.lora.ops import LoraSegment, segmented_lora
 from twinkle.model.lora.spec import AdapterSpec
 
 
@@ -117,4 +117,4 @@ class MultiLoraLinear(nn.Module):
         segments = self.segments(x.shape[0])
         if not segments:
             return out
-        return out + segmented_lora_reference(x, segments, self.out_features).to(out.dtype)
+        return out + segmented_lora(x, segments, self.out_features).to(out.dtype)

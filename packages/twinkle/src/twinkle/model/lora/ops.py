@@ -12,8 +12,8 @@ segment alone in its group takes the plain per-segment path.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -157,3 +157,21 @@ def _assemble(x: torch.Tensor, blocks: list[tuple[int, torch.Tensor]], out_featu
     if cursor < rows:
         pieces.append(x.new_zeros((rows - cursor, *x.shape[1:-1], out_features)))
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=0)
+
+
+def segmented_lora(x: torch.Tensor, segments: list[LoraSegment], out_features: int) -> torch.Tensor:
+    """The multi-LoRA operation on the best path for ``x``: the Triton kernels for CUDA tensors
+    when triton is installed (``TWINKLE_LORA_KERNEL=torch`` forces the torch path), else the torch
+    reference. Both have the same semantics and gradients."""
+    if x.is_cuda and _kernel_choice() == "triton":
+        from twinkle.model.lora.triton_ops import segmented_lora_triton, triton_available
+
+        if triton_available():
+            return segmented_lora_triton(x, segments, out_features)
+    return segmented_lora_reference(x, segments, out_features)
+
+
+def _kernel_choice() -> str:
+    import os
+
+    return os.environ.get("TWINKLE_LORA_KERNEL", "triton")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from twinkle.model.lora import RowRoute
@@ -42,6 +43,7 @@ class ForwardState:
     loss_output: Any = None
     num_samples: int = 0
     loss_kwargs: dict[str, Any] = field(default_factory=dict)
+    loss: Any = None
 
 
 def collate(model: MultiLoraTransformersModel, tenant: Tenant, inputs: Any, kwargs: dict[str, Any]) -> ForwardState:
@@ -58,16 +60,22 @@ def collate(model: MultiLoraTransformersModel, tenant: Tenant, inputs: Any, kwar
     vocab = model.model.get_input_embeddings().weight.shape[0]
     if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
         raise ValueError(f"input_ids out of the vocabulary range [0, {vocab})")
-    if "labels" not in tensors:
+    if "labels" not in tensors and "target_tokens" not in tensors:
         raise ValueError("inputs carry no labels: encode them with a template or pass labels")
     rows, seq = input_ids.shape
+    # Tinker-style inputs carry ``target_tokens`` already aligned with the positions (the target
+    # AT position t): no shift, for the targets and for the per-token extras alike.
+    aligned = "target_tokens" in tensors
     extras = {}
     for key in PER_TOKEN_KEYS:
         value = kwargs.pop(key, None)
         if value is None and key in tensors and key not in _PAD_VALUES:
             value = tensors[key]
-        extras[key] = None if value is None else as_float_tensor(value, rows, seq, key)
-    targets = shift_left(tensors["labels"], IGNORE_INDEX)
+        if value is not None:
+            value = _aligned_float(value, rows, seq, key) if aligned else as_float_tensor(value, rows, seq, key)
+        extras[key] = value
+    targets = _aligned_targets(tensors, vocab) if aligned else shift_left(tensors["labels"], IGNORE_INDEX)
+    loss = kwargs.pop("loss", None)
     return ForwardState(
         tenant=tenant.name,
         tensors={k: tensors[k] for k in _PAD_VALUES if k in tensors},
@@ -76,7 +84,46 @@ def collate(model: MultiLoraTransformersModel, tenant: Tenant, inputs: Any, kwar
         extras=extras,
         num_samples=rows,
         loss_kwargs=kwargs,
+        loss=None if loss is None else _request_loss(loss),
     )
+
+
+def _aligned_targets(tensors: dict[str, torch.Tensor], vocab: int) -> torch.Tensor:
+    """``target_tokens`` as targets, -100 on padding; refuses ids outside the vocabulary."""
+    targets = tensors["target_tokens"].long().clone()
+    if "attention_mask" in tensors:
+        targets[tensors["attention_mask"] == 0] = IGNORE_INDEX
+    real = targets[targets != IGNORE_INDEX]
+    if real.numel() and (int(real.min()) < 0 or int(real.max()) >= vocab):
+        raise ValueError(f"target_tokens out of the vocabulary range [0, {vocab})")
+    return targets
+
+
+def _aligned_float(value: Any, rows: int, seq: int, name: str) -> torch.Tensor:
+    """A per-row or per-token value already aligned with ``target_tokens`` (zero-padded, not shifted)."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().numpy()
+    if all(np.ndim(v) == 0 for v in value):
+        return as_float_tensor(value, rows, seq, name)
+    if len(value) != rows:
+        raise ValueError(f"{name}: {len(value)} rows of values for {rows} rows of inputs")
+    out = torch.zeros(rows, seq, dtype=torch.float32)
+    for i, row in enumerate(value):
+        row = np.asarray(row, dtype=np.float32).reshape(-1)
+        if row.shape[0] > seq:
+            raise ValueError(f"{name}: row {i} has {row.shape[0]} values, longer than its {seq} tokens")
+        out[i, : row.shape[0]] = torch.from_numpy(row)
+    return out
+
+
+def _request_loss(spec: Any) -> Any:
+    """A per-request loss: a name, ``{'name': ..., **config}`` or a Loss instance."""
+    from twinkle.loss import get_loss
+
+    if isinstance(spec, dict):
+        config = dict(spec)
+        return get_loss(config.pop("name"), **config)
+    return get_loss(spec)
 
 
 def _check_lengths(tenant: Tenant, template: Any, features: list[Any]) -> None:
@@ -136,7 +183,7 @@ def forward_states(model: MultiLoraTransformersModel, states: list[ForwardState]
         row += state.num_samples
     with torch.set_grad_enabled(grad):
         _attach_logprobs(states, run_base(model, states, routes), "logprobs")
-    needing_ref = [s for s in states if getattr(model.tenants[s.tenant].loss, "needs_reference", False)]
+    needing_ref = [s for s in states if getattr(s.loss or model.tenants[s.tenant].loss, "needs_reference", False)]
     if needing_ref:
         with torch.no_grad():
             _attach_logprobs(needing_ref, run_base(model, needing_ref, routes=None), "ref_logprobs")
@@ -164,7 +211,7 @@ def compute_loss(model, tenant: Tenant, state: ForwardState, kwargs: dict[str, A
         weights=extras["weights"],
         extra=dict(state.loss_kwargs),
     )
-    state.loss_output = tenant.loss(inputs)
+    state.loss_output = (state.loss or tenant.loss)(inputs)
 
 
 def fused_forward_backward(model, requests: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

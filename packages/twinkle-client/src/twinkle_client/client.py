@@ -1,0 +1,268 @@
+"""``TwinkleClient``: the connection to a Twinkle server, its session and the management API.
+
+``init_twinkle_client(...)`` builds one and makes it the process default, so remote classes
+(``twinkle_client.model.MultiLoraTransformersModel(model_id=...)``) find it without being told.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+from typing import Any
+
+from twinkle_client._http import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_TIMEOUT_S,
+    HttpTransport,
+)
+from twinkle_client._version import __version__
+from twinkle_client.errors import NotFoundError, TwinkleClientError
+from twinkle_client.types import Checkpoint, ServerCapabilities, TrainingRun
+
+logger = logging.getLogger("twinkle_client")
+
+API_PREFIX = "/api/v1"
+DEFAULT_BASE_URL = "http://127.0.0.1:8000"
+HEARTBEAT_INTERVAL_S = 10.0
+_SCHEMES = ("ms://", "hf://", "modelscope://", "huggingface://")
+
+_default_client: TwinkleClient | None = None
+_default_lock = threading.Lock()
+
+
+def served_model_name(model_id: str) -> str:
+    """The name a server serves ``model_id`` under (``ms://Qwen/Qwen3.5-4B`` -> ``Qwen/Qwen3.5-4B``,
+    ``tiny://qwen3.5`` -> ``tiny/qwen3.5``, ``Qwen/Qwen3.5-4B`` unchanged)."""
+    if model_id.startswith("tiny://"):
+        return "tiny/" + model_id.removeprefix("tiny://")
+    for scheme in _SCHEMES:
+        if model_id.startswith(scheme):
+            return model_id.removeprefix(scheme)
+    if model_id.startswith(("/", "./", "../", "~")):
+        return model_id.rstrip("/").rsplit("/", 1)[-1]
+    return model_id
+
+
+class TwinkleClient:
+    """A connection to one Twinkle server under one API key.
+
+    On creation it opens a server session and heartbeats it every ``heartbeat_interval_s`` from
+    a daemon thread, so adapters created through it stay loaded; :meth:`close` (also called at
+    interpreter exit and by ``with``) removes those adapters (their checkpoints stay), stops the
+    heartbeat and finishes the session, so a script can simply be run again.
+
+    Args:
+        base_url: Server address; ``$TWINKLE_SERVER_URL`` or ``http://127.0.0.1:8000``.
+        api_key: API key; ``$TWINKLE_SERVER_TOKEN`` when not given.
+        timeout: Seconds one call may take once connected (training steps, ``encode``).
+        max_retries: Retries of 429/503 answers (exponential backoff, ``Retry-After`` honoured).
+        connect_timeout: Seconds to wait for a connection before reporting the server down.
+        heartbeat_interval_s: Seconds between session heartbeats; ``None`` opens no session.
+        transport: An ``httpx`` transport, for tests.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
+        heartbeat_interval_s: float | None = HEARTBEAT_INTERVAL_S,
+        transport: Any = None,
+    ) -> None:
+        self.base_url = (
+            base_url or os.environ.get("TWINKLE_SERVER_URL") or DEFAULT_BASE_URL
+        ).rstrip("/")
+        self.api_key = api_key or os.environ.get("TWINKLE_SERVER_TOKEN") or None
+        self.http = HttpTransport(
+            self.base_url,
+            self.api_key,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            max_retries=max_retries,
+            transport=transport,
+        )
+        self.session_id: str | None = None
+        self._stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+        self._closed = False
+        self._adapters: set[tuple[str, str]] = set()  # (model route, adapter name) made here
+        if heartbeat_interval_s is not None:
+            self._open_session(heartbeat_interval_s)
+        atexit.register(self.close)
+
+    # ------------------------------------------------------------------ lifecycle
+    def _open_session(self, interval_s: float) -> None:
+        reply = self.http.post(
+            f"{API_PREFIX}/create_session", {"sdk_version": f"twinkle-client/{__version__}"}
+        )
+        self.session_id = reply["session_id"]
+        self._heartbeat = threading.Thread(
+            target=self._heartbeat_loop, args=(interval_s,), name="twinkle-heartbeat", daemon=True
+        )
+        self._heartbeat.start()
+
+    def _heartbeat_loop(self, interval_s: float) -> None:
+        failures = 0
+        while not self._stop.wait(interval_s):
+            try:
+                self.http.post(
+                    f"{API_PREFIX}/session_heartbeat",
+                    {"session_id": self.session_id},
+                    timeout=10.0,
+                    retries=0,
+                )
+                failures = 0
+            except TwinkleClientError as exc:
+                failures += 1
+                if failures == 1:
+                    logger.warning("session heartbeat failed (will keep trying): %s", exc)
+
+    def track_adapter(self, route: str, adapter_name: str, alive: bool = True) -> None:
+        """Record (or forget) an adapter created through this client, for :meth:`close`."""
+        (self._adapters.add if alive else self._adapters.discard)((route, adapter_name))
+
+    def close(self) -> None:
+        """Remove the adapters created through this client, stop heartbeating, finish the
+        session and release the connection (idempotent). Checkpoints are kept."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join(timeout=5)
+        for route, name in sorted(self._adapters):
+            try:
+                self.http.post(
+                    f"{route}/remove_adapter", {"adapter_name": name}, timeout=30.0, retries=0
+                )
+            except TwinkleClientError:
+                pass  # already gone, or the server unloads it when the session expires
+        if self.session_id is not None:
+            try:
+                self.http.post(
+                    f"{API_PREFIX}/sessions/{self.session_id}/finish", timeout=5.0, retries=0
+                )
+            except TwinkleClientError:
+                pass  # the server expires sessions that stop heartbeating anyway
+        self.http.close()
+        atexit.unregister(self.close)
+
+    def __enter__(self) -> TwinkleClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"TwinkleClient(base_url={self.base_url!r}, session_id={self.session_id!r})"
+
+    # ------------------------------------------------------------------ management
+    def health_check(self) -> bool:
+        """``True`` when the server answers; raises :class:`ServerUnavailableError` otherwise."""
+        return self.http.get(f"{API_PREFIX}/healthz", retries=0).get("status") == "ok"
+
+    def get_server_capabilities(self) -> ServerCapabilities:
+        """The base models the server serves (``.supported_models``, each with ``.model_name``)."""
+        return ServerCapabilities.model_validate(
+            self.http.get(f"{API_PREFIX}/get_server_capabilities")
+        )
+
+    def list_training_runs(self, limit: int = 20, offset: int = 0) -> list[TrainingRun]:
+        """This API key's training runs, newest first."""
+        reply = self.http.get(
+            f"{API_PREFIX}/training_runs", params={"limit": limit, "offset": offset}
+        )
+        return [TrainingRun.model_validate(run) for run in reply["training_runs"]]
+
+    def get_training_run(self, run_id: str) -> TrainingRun:
+        """One training run; raises :class:`NotFoundError` for another key's or an unknown run."""
+        return TrainingRun.model_validate(self.http.get(f"{API_PREFIX}/training_runs/{run_id}"))
+
+    def list_checkpoints(self, run_id: str) -> list[Checkpoint]:
+        """The checkpoints of a run, in the order they were saved."""
+        reply = self.http.get(f"{API_PREFIX}/training_runs/{run_id}/checkpoints")
+        return [Checkpoint.model_validate(c) for c in reply["checkpoints"]]
+
+    def get_checkpoint_path(self, run_id: str, checkpoint_id: str) -> str:
+        """The ``twinkle://`` path of checkpoint ``checkpoint_id`` (e.g. ``weights/epoch-1`` or
+        just ``epoch-1``) of a run."""
+        for checkpoint in self.list_checkpoints(run_id):
+            if checkpoint_id in (
+                checkpoint.checkpoint_id,
+                checkpoint.checkpoint_id.split("/", 1)[-1],
+            ):
+                return checkpoint.twinkle_path
+        raise NotFoundError(f"run {run_id!r} has no checkpoint {checkpoint_id!r}", status=404)
+
+    def get_latest_checkpoint_path(self, run_id: str) -> str | None:
+        """The ``twinkle://`` path of the run's most recent training checkpoint (``None`` if none)."""
+        checkpoints = self.list_checkpoints(run_id)
+        training = [c for c in checkpoints if c.checkpoint_type != "sampler"] or checkpoints
+        if not training:
+            return None
+        return max(enumerate(training), key=lambda ic: (ic[1].time or "", ic[0]))[1].twinkle_path
+
+    # ------------------------------------------------------------------ deployments
+    def model_route(self, model_id: str) -> str:
+        return f"{API_PREFIX}/model/{served_model_name(model_id)}"
+
+    def sampler_route(self, model_id: str) -> str:
+        return f"{API_PREFIX}/sampler/{served_model_name(model_id)}"
+
+    processor_route = f"{API_PREFIX}/processor"
+
+    def call(self, route: str, op: str, body: dict[str, Any], timeout: float | None = None) -> Any:
+        """``POST <route>/<op>`` and return the reply's ``result``."""
+        return self.http.post(f"{route}/{op}", body, timeout=timeout)["result"]
+
+
+def init_twinkle_client(
+    base_url: str | None = None,
+    api_key: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    max_retries: int = DEFAULT_MAX_RETRIES,
+    **kwargs: Any,
+) -> TwinkleClient:
+    """Connect to a Twinkle server and make the connection the process default.
+
+    Args:
+        base_url: Server address; ``$TWINKLE_SERVER_URL`` or ``http://127.0.0.1:8000``.
+        api_key: API key; ``$TWINKLE_SERVER_TOKEN`` when not given.
+        timeout: Seconds one call may take once connected (default 600).
+        max_retries: Retries of 429/503 answers with exponential backoff.
+        **kwargs: Further :class:`TwinkleClient` arguments (``connect_timeout``, ...).
+
+    Returns:
+        The client; remote models, samplers and datasets created afterwards use it.
+
+    Raises:
+        ServerUnavailableError: The server cannot be reached (the message names the URL).
+        AuthenticationError: The API key is missing or not valid.
+    """
+    global _default_client
+    client = TwinkleClient(base_url, api_key, timeout=timeout, max_retries=max_retries, **kwargs)
+    with _default_lock:
+        _default_client = client
+    return client
+
+
+def get_default_client() -> TwinkleClient:
+    """The client ``init_twinkle_client`` made, or one built from the environment."""
+    global _default_client
+    with _default_lock:
+        if _default_client is None or _default_client._closed:
+            if not (os.environ.get("TWINKLE_SERVER_URL") or os.environ.get("TWINKLE_SERVER_TOKEN")):
+                raise TwinkleClientError(
+                    "no Twinkle server: call init_twinkle_client(base_url=..., api_key=...) first "
+                    "(or set TWINKLE_SERVER_URL and TWINKLE_SERVER_TOKEN)"
+                )
+            _default_client = TwinkleClient()
+        return _default_client
+
+
+__all__ = ["TwinkleClient", "get_default_client", "init_twinkle_client", "served_model_name"]

@@ -1,0 +1,344 @@
+"""``MultiLoraTransformersModel`` on a server: every method is one ``POST`` to the model deployment."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import TYPE_CHECKING, Any
+
+from twinkle_client._wire import jsonable, training_inputs
+from twinkle_client.client import TwinkleClient, get_default_client
+from twinkle_client.model.metrics import Metric
+from twinkle_client.types import TrainConfigs
+
+if TYPE_CHECKING:
+    import torch
+
+# Placement arguments the server's config decides; a script may still pass them.
+_SERVER_SIDE = {"torch_dtype": None, "device": None, "attn_implementation": "sdpa", "seed": 0}
+
+
+class MultiLoraTransformersModel:
+    """A tenant's view of the server's shared base model, with the local class's API.
+
+    Every method takes ``adapter_name=``; when this object created exactly one adapter it is
+    the default. Adapter names are per API key, so tenants never collide.
+
+    Args:
+        model_id: The served base model: ``ms://Qwen/Qwen3.5-4B`` (route ``Qwen/Qwen3.5-4B``),
+            ``tiny://qwen3.5`` (route ``tiny/qwen3.5``) or the served name itself.
+        torch_dtype: Decided by the server's config; a value other than the default warns.
+        device: Decided by the server's config; a value other than the default warns.
+        attn_implementation: Decided by the server's config.
+        seed: Decided by the server's config.
+        **model_kwargs: ``client=`` a :class:`TwinkleClient` (default: the one
+            ``init_twinkle_client`` made); other keys are server-side and warn.
+    """
+
+    max_adapters: int | None = None
+
+    def __init__(
+        self,
+        model_id: str,
+        torch_dtype: torch.dtype | str | None = None,
+        device: str | torch.device | None = None,
+        attn_implementation: str = "sdpa",
+        seed: int = 0,
+        **model_kwargs: Any,
+    ) -> None:
+        client = model_kwargs.pop("client", None)
+        given = dict(
+            torch_dtype=torch_dtype,
+            device=device,
+            attn_implementation=attn_implementation,
+            seed=seed,
+        )
+        ignored = [k for k, v in given.items() if v != _SERVER_SIDE[k]] + list(model_kwargs)
+        if ignored:
+            warnings.warn(
+                f"{', '.join(ignored)}: set by the server's config for a remote model; ignored here",
+                stacklevel=2,
+            )
+        self.model_id = model_id
+        self.client: TwinkleClient = client or get_default_client()
+        self.route = self.client.model_route(model_id)
+        self._adapters: list[str] = []
+        self._last_add: dict[str, Any] = {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(model_id={self.model_id!r}, server={self.client.base_url!r})"
+
+    def _name(self, adapter_name: str | None) -> str | None:
+        if adapter_name is not None:
+            return adapter_name
+        if len(self._adapters) > 1:
+            raise ValueError(
+                f"several adapters exist ({', '.join(self._adapters)}): pass adapter_name="
+            )
+        return self._adapters[0] if self._adapters else None  # None: the server's "default"
+
+    def _call(self, op: str, adapter_name: str | None, **body: Any) -> Any:
+        body = {k: jsonable(v) for k, v in body.items()}
+        return self.client.call(self.route, op, {"adapter_name": self._name(adapter_name), **body})
+
+    # ----------------------------------------------------------------- adapters
+    def add_adapter_to_model(
+        self,
+        adapter_name: str,
+        config: Any = None,
+        gradient_accumulation_steps: int = 1,
+        **kwargs: Any,
+    ) -> None:
+        """Create this tenant's adapter ``adapter_name`` on the server (``peft.LoraConfig`` or dict).
+
+        Raises:
+            BadRequestError: Duplicate name, a rank over the server's limit, bad arguments.
+            ServerUnavailableError: The model is at ``max_loras`` capacity after every retry.
+        """
+        if self.max_adapters is not None and len(self._adapters) >= self.max_adapters:
+            raise ValueError(f"{type(self).__name__} holds at most {self.max_adapters} adapter(s)")
+        self._last_add = self._call(
+            "add_adapter_to_model",
+            adapter_name,
+            config=lora_config_dict(config),
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            session_id=self.client.session_id,
+            **kwargs,
+        )
+        self._adapters.append(adapter_name)
+        self.client.track_adapter(self.route, adapter_name)
+
+    @property
+    def training_run_id(self) -> str | None:
+        """The server's training run of the last adapter added through this object."""
+        return self._last_add.get("training_run_id")
+
+    def remove_adapter(self, adapter_name: str | None = None) -> None:
+        """Drop the adapter on the server: its weights, optimizer and state are freed."""
+        name = self._name(adapter_name)
+        self._call("remove_adapter", name)
+        if name in self._adapters:
+            self._adapters.remove(name)
+        self.client.track_adapter(self.route, name or "default", alive=False)
+
+    def list_adapters(self) -> list[str]:
+        return list(self._adapters)
+
+    # ------------------------------------------------------------ configuration
+    def set_template(self, template: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
+        """Set the tenant's chat template by name (``'Qwen3_5Template'``)."""
+        self._call("set_template", adapter_name, template=_by_name("template", template), **kwargs)
+
+    def set_processor(self, processor: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
+        """Set how the tenant's samples are collated on the server (``'InputProcessor'``, ...)."""
+        self._call(
+            "set_processor", adapter_name, processor=_by_name("processor", processor), **kwargs
+        )
+
+    def set_loss(self, loss: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
+        """Set the tenant's loss by name (``'CrossEntropyLoss'``, ``'GRPOLoss'``, ``'DPOLoss'``...)."""
+        self._call("set_loss", adapter_name, loss=_by_name("loss", loss), **kwargs)
+
+    def set_optimizer(self, optimizer: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
+        """Set the tenant's optimizer by name (``'Adam'``, ``'AdamW'``, ``'SGD'``), e.g. ``lr=1e-4``."""
+        self._call(
+            "set_optimizer", adapter_name, optimizer=_by_name("optimizer", optimizer), **kwargs
+        )
+
+    def set_lr_scheduler(
+        self, scheduler: Any, adapter_name: str | None = None, **kwargs: Any
+    ) -> None:
+        """Set the tenant's learning-rate scheduler by name (``'LinearLR'``, ``'cosine'``...)."""
+        self._call(
+            "set_lr_scheduler", adapter_name, scheduler=_by_name("scheduler", scheduler), **kwargs
+        )
+
+    def get_train_configs(self, adapter_name: str | None = None) -> TrainConfigs:
+        """The tenant's configuration, as a pydantic model (``.model_dump()``)."""
+        return TrainConfigs.model_validate(self._call("get_train_configs", adapter_name))
+
+    # ----------------------------------------------------------------- training
+    def forward(
+        self, inputs: Any, adapter_name: str | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        """Forward on the server, keeping the graph for a later ``calculate_loss`` + ``backward``."""
+        return self._call("forward", adapter_name, inputs=training_inputs(inputs), **kwargs)
+
+    def calculate_loss(self, adapter_name: str | None = None, **kwargs: Any) -> float:
+        """Apply the tenant's loss to the last ``forward``; returns the loss value."""
+        return float(self._call("calculate_loss", adapter_name, **kwargs))
+
+    def backward(self, adapter_name: str | None = None) -> None:
+        """Backpropagate the last calculated loss into the tenant's adapter gradients."""
+        self._call("backward", adapter_name)
+
+    def forward_backward(
+        self, inputs: Any, adapter_name: str | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        """Forward, loss and backward for one micro-batch (fused with other tenants' on the server).
+
+        Args:
+            inputs: ``InputFeature``s / dicts with ``input_ids`` and ``labels``, trajectories, or
+                single-sequence ``SampleResult``s; numpy arrays are sent as lists.
+            adapter_name: The tenant's adapter.
+            **kwargs: Loss inputs such as ``advantages`` or ``old_logprobs``.
+
+        Returns:
+            ``{'loss': float, 'logprobs': [per-row target log-probs], 'num_tokens': int}``.
+        """
+        return self._call(
+            "forward_backward", adapter_name, inputs=training_inputs(inputs), **kwargs
+        )
+
+    def forward_only(
+        self, inputs: Any, adapter_name: str | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        """Forward without gradients; returns loss and per-row target log-probabilities."""
+        return self._call("forward_only", adapter_name, inputs=training_inputs(inputs), **kwargs)
+
+    def clip_grad_norm(self, max_grad_norm: float = 1.0, adapter_name: str | None = None) -> float:
+        """Clip the tenant's gradient norm; returns the norm before clipping."""
+        return float(self._call("clip_grad_norm", adapter_name, max_grad_norm=max_grad_norm))
+
+    def step(self, adapter_name: str | None = None) -> None:
+        """One optimizer step for the tenant."""
+        self._call("step", adapter_name)
+
+    def zero_grad(self, adapter_name: str | None = None) -> None:
+        self._call("zero_grad", adapter_name)
+
+    def lr_step(self, adapter_name: str | None = None) -> None:
+        self._call("lr_step", adapter_name)
+
+    def clip_grad_and_step(
+        self, max_grad_norm: float = 1.0, adapter_name: str | None = None
+    ) -> bool:
+        """``clip_grad_norm`` + ``step`` + ``zero_grad`` + ``lr_step`` once every
+        ``gradient_accumulation_steps`` calls; returns whether the optimizer stepped."""
+        return bool(self._call("clip_grad_and_step", adapter_name, max_grad_norm=max_grad_norm))
+
+    def calculate_metric(self, is_training: bool = True, adapter_name: str | None = None) -> Metric:
+        """Averages since the last call: loss, token_acc, grad_norm, lr, step."""
+        return Metric(
+            result=self._call("calculate_metric", adapter_name, is_training=is_training)["result"]
+        )
+
+    # -------------------------------------------------------------- checkpoints
+    def save(
+        self,
+        name: str,
+        output_dir: str | os.PathLike | None = None,
+        save_optimizer: bool = False,
+        consumed_train_samples: int | None = None,
+        adapter_name: str | None = None,
+        **kwargs: Any,
+    ) -> str:
+        """Save the tenant's adapter (and, with ``save_optimizer``, its full training state) in
+        the server's storage.
+
+        Args:
+            name: Checkpoint name (one plain path component).
+            output_dir: Must stay ``None``: the server decides where a tenant's checkpoints live.
+            save_optimizer: Also save optimizer, scheduler, RNG and progress for resuming.
+            consumed_train_samples: Data progress to store (from ``DataLoader.get_state()``).
+            **kwargs: ``kind='sampler'`` saves weights for sampling only.
+
+        Returns:
+            The checkpoint's ``twinkle://<run>/weights/<name>`` path.
+        """
+        if output_dir is not None:
+            raise ValueError(
+                "output_dir cannot be chosen for a remote model: the server stores checkpoints"
+            )
+        reply = self._call(
+            "save",
+            adapter_name,
+            name=name,
+            save_optimizer=save_optimizer,
+            consumed_train_samples=consumed_train_samples,
+            **kwargs,
+        )
+        return reply["path"]
+
+    def load(self, path: str | os.PathLike, adapter_name: str | None = None, **kwargs: Any) -> None:
+        """Load adapter weights only from one of this key's ``twinkle://`` checkpoints."""
+        self._call("load", adapter_name, path=str(path), **kwargs)
+
+    def resume_from_checkpoint(
+        self, path: str | os.PathLike, adapter_name: str | None = None
+    ) -> dict[str, Any]:
+        """Restore weights, optimizer, scheduler, RNG and progress from a ``twinkle://`` path;
+        returns the progress dict (``cur_step``, ``consumed_train_samples``, ...)."""
+        return self._call("resume_from_checkpoint", adapter_name, path=str(path))
+
+    def upload_to_hub(
+        self,
+        checkpoint_dir: str,
+        hub_model_id: str,
+        async_upload: bool = False,
+        adapter_name: str | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Ask the server to upload a checkpoint to the ModelScope/Hugging Face hub.
+
+        Raises:
+            TwinkleServerError: With the server's message when it does not offer uploads.
+        """
+        return self._call(
+            "upload_to_hub",
+            adapter_name,
+            checkpoint_dir=str(checkpoint_dir),
+            hub_model_id=hub_model_id,
+            async_upload=async_upload,
+            **kwargs,
+        )
+
+
+class TransformersModel(MultiLoraTransformersModel):
+    """A model with at most one LoRA adapter; every method defaults to it."""
+
+    max_adapters = 1
+
+
+def lora_config_dict(config: Any) -> dict[str, Any]:
+    """A ``peft.LoraConfig``, dict or simple object as a JSON dict, without importing peft."""
+    if config is None:
+        return {}
+    if isinstance(config, dict):
+        values = dict(config)
+    elif hasattr(config, "to_dict"):
+        values = config.to_dict()
+    else:
+        values = dict(vars(config))
+    out = {}
+    for key, value in values.items():
+        if isinstance(value, set):
+            value = sorted(value)
+        elif hasattr(value, "value") and isinstance(value, str):  # str enums (peft's PeftType)
+            value = value.value
+        value = jsonable(value)
+        if _is_json(value):
+            out[key] = value
+    return out
+
+
+def _is_json(value: Any) -> bool:
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return True
+    if isinstance(value, list):
+        return all(_is_json(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_json(v) for k, v in value.items())
+    return False
+
+
+def _by_name(kind: str, value: Any) -> str:
+    """Only names travel to the server: a class is sent by its name, an instance is refused."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, type):
+        return value.__name__
+    raise TypeError(
+        f"a remote model takes its {kind} by name (e.g. a string such as 'Adam' or "
+        f"'CrossEntropyLoss'), not a {type(value).__name__} instance: no code is sent to the server"
+    )

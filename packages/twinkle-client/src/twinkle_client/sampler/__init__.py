@@ -1,0 +1,25 @@
+"""Remote sampling: the ``twinkle.sampler`` API, run by the server's sampler deployment.
+
+Results are the same types as ``twinkle.sampler`` (numpy-only twins): one :class:`SampleResult`
+per input, which is also a training sample for ``model.forward_backward``.
+"""
+
+from twinkle_client.sampler.remote import Sampler, TorchSampler, vLLMSampler
+from twinkle_client.sampler.types import (
+    SampledSequence,
+    SampleResponse,
+    SampleResult,
+    SamplingParams,
+    training_feature,
+)
+
+__all__ = [
+    "SampleResponse",
+    "SampleResult",
+    "SampledSequence",
+    "Sampler",
+    "SamplingParams",
+    "TorchSampler",
+    "training_feature",
+    "vLLMSampler",
+]

@@ -1,0 +1,190 @@
+"""Samplers on a server: ``sample`` is one ``POST`` to the sampler deployment."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from twinkle_client._wire import jsonable
+from twinkle_client.client import TwinkleClient, get_default_client
+from twinkle_client.sampler.types import (
+    SampledSequence,
+    SampleResponse,
+    SampleResult,
+    SamplingParams,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+
+class Sampler:
+    """Generates completions on the server, each input with its own adapter.
+
+    Inputs are rendered with the template set by :meth:`set_template` on the server; adapters
+    are this API key's ``twinkle://`` checkpoints (what ``model.save`` returns).
+
+    Args:
+        model_id: The served base model (``ms://Qwen/Qwen3.5-4B``, ``tiny://qwen3.5``...).
+
+    Attributes:
+        client: The :class:`TwinkleClient` used (default: the one ``init_twinkle_client``
+            made); assign another to sample under another API key.
+    """
+
+    def __init__(self, model_id: str) -> None:
+        self.model_id = model_id
+        self.template = None
+        self.client: TwinkleClient = get_default_client()
+        self._named: dict[str, str] = {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(model_id={self.model_id!r}, server={self.client.base_url!r})"
+
+    def set_template(self, template: Any, model_id: str | None = None, **kwargs: Any) -> None:
+        """Use ``template`` (a registered name such as ``'Qwen3_5Template'``) on the server to
+        render this key's trajectory inputs."""
+        if not isinstance(template, str):
+            template = getattr(template, "__name__", None) or type(template).__name__
+        route = self.client.sampler_route(self.model_id)
+        self.client.call(route, "set_template", {"template": template, **jsonable(kwargs)})
+        self.template = template
+
+    def load_adapter(self, adapter_uri: str | os.PathLike, adapter_name: str | None = None) -> None:
+        """Name ``adapter_uri`` for ``sample(adapter_name=...)`` (the server loads it on first use)."""
+        if adapter_name is not None:
+            self._named[adapter_name] = str(adapter_uri)
+
+    def sample(
+        self,
+        inputs: Any,
+        sampling_params: SamplingParams | Mapping[str, Any] | None = None,
+        adapter_uri: str | Sequence[str | None] | None = None,
+        adapter_name: str | None = None,
+    ) -> SampleResponse:
+        """Sample completions on the server.
+
+        Args:
+            inputs: Trajectories, ``InputFeature``s / dicts with ``input_ids``, or lists of token
+                ids; one input alone is accepted too.
+            sampling_params: :class:`SamplingParams`, a dict of its fields, or ``None``.
+            adapter_uri: A ``twinkle://`` checkpoint path for every input, a list with one
+                (or ``None`` for the base model) per input, or ``None``.
+            adapter_name: A name given to a path with :meth:`load_adapter`.
+
+        Returns:
+            One :class:`SampleResult` per input, in order.
+
+        Raises:
+            ValueError: Invalid parameters (checked here, before any request).
+            NotFoundError: An unknown or another key's checkpoint.
+        """
+        params = SamplingParams.coerce(sampling_params)
+        if adapter_name is not None:
+            if adapter_uri is not None:
+                raise ValueError("pass adapter_uri or adapter_name, not both")
+            if adapter_name not in self._named:
+                raise ValueError(
+                    f"unknown adapter_name {adapter_name!r}: call load_adapter(uri, adapter_name) first"
+                )
+            adapter_uri = self._named[adapter_name]
+        items = _sampler_inputs(inputs)
+        if isinstance(adapter_uri, os.PathLike):
+            adapter_uri = os.fspath(adapter_uri)
+        body = {
+            "inputs": items,
+            "sampling_params": jsonable(params),
+            "adapter_uri": adapter_uri
+            if adapter_uri is None or isinstance(adapter_uri, str)
+            else list(adapter_uri),
+        }
+        reply = self.client.call(self.client.sampler_route(self.model_id), "sample", body)
+        return SampleResponse(_result(r) for r in reply["results"])
+
+
+class TorchSampler(Sampler):
+    """The server's sampler, for scripts written against ``twinkle.sampler.TorchSampler``.
+
+    ``max_loras``, ``allowed_adapter_dirs``, ``device`` and ``torch_dtype`` belong to the
+    server's config; passing them warns and changes nothing.
+    """
+
+    def __init__(
+        self,
+        model_id: str,
+        max_loras: int = 8,
+        allowed_adapter_dirs: list[str | os.PathLike] | None = None,
+        device: str | torch.device | None = None,
+        torch_dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(model_id)
+        _warn_server_side(
+            max_loras=(max_loras, 8),
+            allowed_adapter_dirs=(allowed_adapter_dirs, None),
+            device=(device, None),
+            torch_dtype=(torch_dtype, None),
+        )
+
+
+class vLLMSampler(Sampler):  # noqa: N801 - the name twinkle.sampler uses
+    """The server's sampler, for scripts written against ``twinkle.sampler.vLLMSampler``.
+
+    ``engine_args`` and ``allowed_adapter_dirs`` belong to the server's config; passing them
+    warns and changes nothing.
+    """
+
+    def __init__(
+        self,
+        model_id: str,
+        engine_args: dict[str, Any] | None = None,
+        allowed_adapter_dirs: list[str | os.PathLike] | None = None,
+    ) -> None:
+        super().__init__(model_id)
+        _warn_server_side(
+            engine_args=(engine_args, None), allowed_adapter_dirs=(allowed_adapter_dirs, None)
+        )
+
+
+def _warn_server_side(**given: tuple[Any, Any]) -> None:
+    ignored = [name for name, (value, default) in given.items() if value != default]
+    if ignored:
+        warnings.warn(
+            f"{', '.join(ignored)}: set by the server's config for a remote sampler; ignored here",
+            stacklevel=3,
+        )
+
+
+def _sampler_inputs(inputs: Any) -> list[Any]:
+    if isinstance(inputs, Mapping) or hasattr(inputs, "messages") or _is_token_list(inputs):
+        inputs = [inputs]
+    items = [jsonable(item) for item in inputs]
+    if not items:
+        raise ValueError("inputs is empty")
+    return items
+
+
+def _is_token_list(value: Any) -> bool:
+    if hasattr(value, "ndim"):
+        return value.ndim == 1
+    return (
+        isinstance(value, (list, tuple)) and bool(value) and all(isinstance(t, int) for t in value)
+    )
+
+
+def _result(wire: dict[str, Any]) -> SampleResult:
+    return SampleResult(
+        prompt_tokens=list(wire["prompt_tokens"]),
+        sequences=[
+            SampledSequence(
+                tokens=list(s["tokens"]),
+                logprobs=list(s.get("logprobs") or []),
+                stop_reason=s["stop_reason"],
+                text=s.get("text", ""),
+            )
+            for s in wire["sequences"]
+        ],
+        prompt_logprobs=wire.get("prompt_logprobs"),
+        extra=dict(wire.get("extra") or {}),
+    )

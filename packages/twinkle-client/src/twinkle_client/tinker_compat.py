@@ -1,0 +1,170 @@
+"""Point the official ``tinker`` SDK at a Twinkle server: :func:`init_tinker_client`.
+
+The SDK stays unmodified on disk; this patches it in memory (idempotently) so that
+- any Twinkle API key works: keys without the ``tml-`` prefix are sent as ``tml-<key>``, which a
+  Twinkle server maps back to ``<key>``;
+- every request carries ``Authorization: Bearer <key>`` and an ``X-Ray-Serve-Request-Id``;
+- ``twinkle://`` checkpoint paths are accepted wherever the SDK wants ``tinker://``;
+- ``TWINKLE_SERVER_URL`` / ``TWINKLE_SERVER_TOKEN`` become the defaults of ``ServiceClient``.
+
+No torch import here: this module only touches the SDK's HTTP layer.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import uuid
+from typing import Any
+
+TINKER_PREFIX = "tml-"
+_PATCHED = "_twinkle_patched"
+
+
+def to_tinker_path(path: Any) -> Any:
+    """``twinkle://x`` -> ``tinker://x``; anything else is returned unchanged."""
+    if isinstance(path, str) and path.startswith("twinkle://"):
+        return "tinker://" + path[len("twinkle://") :]
+    return path
+
+
+def tinker_api_key(key: str | None) -> str | None:
+    """A key the SDK accepts: ``tml-`` keys and JWTs as they are, others prefixed with ``tml-``."""
+    if not key or key.startswith((TINKER_PREFIX, "eyJ")):
+        return key
+    return TINKER_PREFIX + key
+
+
+def init_tinker_client(base_url: str | None = None, api_key: str | None = None) -> None:
+    """Patch the installed ``tinker`` SDK to talk to a Twinkle server. Call before creating clients.
+
+    Args:
+        base_url: Default server URL (else ``TWINKLE_SERVER_URL``, else the SDK's own default).
+        api_key: Default API key (else ``TWINKLE_SERVER_TOKEN``, else ``TINKER_API_KEY``).
+
+    Calling it again only updates the defaults.
+    """
+    base_url = base_url or os.environ.get("TWINKLE_SERVER_URL")
+    api_key = api_key or os.environ.get("TWINKLE_SERVER_TOKEN")
+    if base_url:
+        os.environ["TINKER_BASE_URL"] = base_url
+    if api_key:
+        os.environ["TINKER_API_KEY"] = tinker_api_key(api_key)
+    elif os.environ.get("TINKER_API_KEY"):
+        os.environ["TINKER_API_KEY"] = tinker_api_key(os.environ["TINKER_API_KEY"])
+    import tinker
+
+    if getattr(tinker, _PATCHED, False):
+        return
+    _patch_service_client()
+    _patch_auth()
+    _patch_paths()
+    setattr(tinker, _PATCHED, True)
+
+
+def _patch_service_client() -> None:
+    from tinker.lib.public_interfaces.service_client import ServiceClient
+
+    original = ServiceClient.__init__
+
+    @functools.wraps(original)
+    def __init__(
+        self,
+        *args: Any,
+        api_key: str | None = None,
+        default_headers_overrides: Any = None,
+        **kwargs: Any,
+    ):
+        key = tinker_api_key(api_key or os.environ.get("TINKER_API_KEY"))
+        headers = dict(default_headers_overrides or {})
+        if key:
+            raw = key[len(TINKER_PREFIX) :] if key.startswith(TINKER_PREFIX) else key
+            headers.setdefault("Authorization", f"Bearer {raw}")
+        original(self, *args, api_key=key, default_headers_overrides=headers, **kwargs)
+
+    ServiceClient.__init__ = __init__
+
+
+def _patch_auth() -> None:
+    """Prefix bare keys, and give every request its own ``X-Ray-Serve-Request-Id``."""
+    from tinker.lib import _auth_token_provider as auth
+
+    original_init = auth.ApiKeyAuthProvider.__init__
+
+    @functools.wraps(original_init)
+    def __init__(self, api_key: str) -> None:
+        original_init(self, tinker_api_key(api_key))
+
+    auth.ApiKeyAuthProvider.__init__ = __init__
+    original_flow = auth.AuthTokenProvider.async_auth_flow
+
+    async def async_auth_flow(self, request):
+        request.headers.setdefault("X-Ray-Serve-Request-Id", uuid.uuid4().hex)
+        flow = original_flow(self, request)
+        response = None
+        try:
+            while True:
+                sent = await flow.asend(response)
+                response = yield sent
+        except StopAsyncIteration:
+            return
+
+    auth.AuthTokenProvider.async_auth_flow = async_auth_flow
+
+
+def _patch_paths() -> None:
+    """Accept ``twinkle://`` paths where the SDK checks for ``tinker://``."""
+    from tinker import types
+    from tinker.lib import internal_client_holder as holder
+    from tinker.lib.public_interfaces import service_client, training_client
+
+    parse = types.ParsedCheckpointTinkerPath.from_tinker_path.__func__
+
+    def from_tinker_path(cls, tinker_path: str):
+        return parse(cls, to_tinker_path(tinker_path))
+
+    types.ParsedCheckpointTinkerPath.from_tinker_path = classmethod(from_tinker_path)
+
+    create_session = holder.InternalClientHolder._create_sampling_session
+
+    async def _create_sampling_session(
+        self, model_path: str | None = None, base_model: str | None = None
+    ) -> str:
+        return await create_session(
+            self, model_path=to_tinker_path(model_path), base_model=base_model
+        )
+
+    holder.InternalClientHolder._create_sampling_session = _create_sampling_session
+    for cls, names in (
+        (
+            service_client.ServiceClient,
+            (
+                "create_training_client_from_state",
+                "create_training_client_from_state_with_optimizer",
+                "create_sampling_client",
+            ),
+        ),
+        (
+            training_client.TrainingClient,
+            ("load_state", "load_state_with_optimizer", "create_sampling_client"),
+        ),
+    ):
+        for name in names:
+            if hasattr(cls, name):
+                setattr(cls, name, _first_path_arg(getattr(cls, name)))
+
+
+def _first_path_arg(method):
+    @functools.wraps(method)
+    def wrapper(self, *args: Any, **kwargs: Any):
+        if args:
+            args = (to_tinker_path(args[0]), *args[1:])
+        for key in ("path", "model_path"):
+            if key in kwargs:
+                kwargs[key] = to_tinker_path(kwargs[key])
+        return method(self, *args, **kwargs)
+
+    return wrapper
+
+
+__all__ = ["init_tinker_client", "tinker_api_key", "to_tinker_path"]

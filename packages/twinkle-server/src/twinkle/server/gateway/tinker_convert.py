@@ -1,0 +1,203 @@
+"""Between Tinker's request shapes and the Twinkle model and sampler payloads."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from twinkle.server.errors import BadRequest
+from twinkle.server.gateway.tinker_wire import WireDatum
+
+ATTN_MODULES = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "in_proj_qkv",
+    "in_proj_z",
+    "in_proj_a",
+    "in_proj_b",
+    "out_proj",
+    "qkv_proj",
+]
+MLP_MODULES = ["gate_proj", "up_proj", "down_proj", "gate_up_proj"]
+UNEMBED_MODULES = ["lm_head"]
+LORA_ALPHA = 32
+
+# loss_fn -> (required loss_fn_inputs besides target_tokens, accepted loss_fn_config keys)
+LOSSES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "cross_entropy": ((), ()),
+    "importance_sampling": (("logprobs", "advantages"), ()),
+    "ppo": (("logprobs", "advantages"), ("clip_low_threshold", "clip_high_threshold")),
+    "cispo": (("logprobs", "advantages"), ("clip_low_threshold", "clip_high_threshold")),
+    "dro": (("logprobs", "advantages"), ("beta",)),
+}
+# Tinker input name -> Twinkle loss input name.
+_INPUT_NAMES = {"weights": "weights", "advantages": "advantages", "logprobs": "old_logprobs"}
+
+
+def lora_config(lora: dict[str, Any] | None) -> dict[str, Any]:
+    """Tinker ``LoraConfig`` -> the Twinkle/PEFT LoRA config (rank, alpha, target modules)."""
+    lora = lora or {}
+    rank = lora.get("rank", 32)
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
+        raise BadRequest(f"lora_config.rank must be a positive integer, got {rank!r}")
+    targets: list[str] = []
+    if lora.get("train_attn", True):
+        targets += ATTN_MODULES
+    if lora.get("train_mlp", True):
+        targets += MLP_MODULES
+    if lora.get("train_unembed", True):
+        targets += UNEMBED_MODULES
+    if not targets:
+        raise BadRequest("at least one of train_mlp, train_attn, train_unembed must be true")
+    config: dict[str, Any] = {"r": rank, "lora_alpha": LORA_ALPHA, "target_modules": targets}
+    if lora.get("seed") is not None:
+        config["seed"] = int(lora["seed"])
+    return config
+
+
+def lora_flags(config: dict[str, Any]) -> dict[str, Any]:
+    """The Tinker view of a stored LoRA config (``weights_info``)."""
+    targets = set(config.get("target_modules") or [])
+    return {
+        "lora_rank": config.get("r"),
+        "train_attn": bool(targets & set(ATTN_MODULES)) if targets else None,
+        "train_mlp": bool(targets & set(MLP_MODULES)) if targets else None,
+        "train_unembed": bool(targets & set(UNEMBED_MODULES)) if targets else None,
+    }
+
+
+def check_loss(loss_fn: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The per-request loss spec (``{'name': ..., **config}``) after checking name and keys."""
+    if loss_fn not in LOSSES:
+        raise BadRequest(f"unknown loss_fn {loss_fn!r}; supported: {', '.join(LOSSES)}")
+    _, keys = LOSSES[loss_fn]
+    unknown = sorted(set(config) - set(keys))
+    if unknown:
+        raise BadRequest(
+            f"loss_fn {loss_fn!r} does not take loss_fn_config {unknown}; it takes {list(keys) or 'none'}"
+        )
+    for key, value in config.items():
+        if not isinstance(value, float) or not math.isfinite(value):
+            raise BadRequest(f"loss_fn_config[{key!r}] must be a finite number")
+    if loss_fn == "dro" and "beta" not in config:
+        raise BadRequest("loss_fn 'dro' needs loss_fn_config['beta']")
+    return {"name": loss_fn, **config}
+
+
+def datums_to_features(
+    data: list[WireDatum], loss_fn: str, vocab_size: int | None
+) -> list[dict[str, Any]]:
+    """Tinker datums -> Twinkle features with aligned ``target_tokens`` and per-token loss inputs."""
+    if not data:
+        raise BadRequest("forward_backward needs at least one datum")
+    required, _ = LOSSES.get(loss_fn, ((), ()))
+    features = []
+    for i, datum in enumerate(data):
+        n = len(datum.tokens)
+        if n == 0:
+            raise BadRequest(f"data[{i}]: model_input is empty")
+        _check_ids(datum.tokens, vocab_size, f"data[{i}].model_input")
+        if "target_tokens" not in datum.inputs:
+            raise BadRequest(f"data[{i}]: loss_fn_inputs needs 'target_tokens'")
+        missing = [name for name in required if name not in datum.inputs]
+        if missing:
+            raise BadRequest(f"data[{i}]: loss_fn {loss_fn!r} needs loss_fn_inputs {missing}")
+        feature: dict[str, Any] = {"input_ids": list(datum.tokens)}
+        for name, values in datum.inputs.items():
+            if values.shape[0] != n:
+                raise BadRequest(
+                    f"data[{i}]: loss_fn_inputs[{name!r}] has {values.shape[0]} values for {n} input tokens"
+                )
+            if name == "target_tokens":
+                targets = values.astype(np.int64)
+                _check_ids(targets, vocab_size, f"data[{i}].target_tokens")
+                feature["target_tokens"] = targets.tolist()
+            elif name in _INPUT_NAMES:
+                if not np.all(np.isfinite(values)):
+                    raise BadRequest(f"data[{i}]: loss_fn_inputs[{name!r}] has non-finite values")
+                feature[_INPUT_NAMES[name]] = values.astype(np.float32).tolist()
+            else:
+                raise BadRequest(f"data[{i}]: unknown loss_fn_inputs key {name!r}")
+        features.append(feature)
+    return features
+
+
+def _check_ids(ids: Any, vocab_size: int | None, where: str) -> None:
+    array = np.asarray(ids)
+    if array.size and (
+        int(array.min()) < 0 or (vocab_size is not None and int(array.max()) >= vocab_size)
+    ):
+        bound = f"[0, {vocab_size})" if vocab_size is not None else ">= 0"
+        raise BadRequest(f"{where}: token ids must be in {bound}")
+
+
+def check_prompt(tokens: list[int], vocab_size: int | None) -> None:
+    if not tokens:
+        raise BadRequest("prompt is empty")
+    _check_ids(tokens, vocab_size, "prompt")
+
+
+def prompt_tokens(prompt: dict[str, Any]) -> list[int]:
+    """The token ids of a JSON ``ModelInput`` (encoded-text chunks only)."""
+    tokens: list[int] = []
+    for i, chunk in enumerate((prompt or {}).get("chunks") or []):
+        if chunk.get("type", "encoded_text") != "encoded_text":
+            raise BadRequest(
+                f"prompt.chunks[{i}]: only encoded_text chunks are supported by this server"
+            )
+        values = chunk.get("tokens") or []
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in values):
+            raise BadRequest(f"prompt.chunks[{i}].tokens must be integers")
+        tokens.extend(values)
+    return tokens
+
+
+def sampling_params(
+    params: dict[str, Any], num_samples: int, prompt_logprobs: bool
+) -> dict[str, Any]:
+    """Tinker ``SamplingParams`` -> the Twinkle sampler's ``sampling_params``."""
+    params = params or {}
+    stop = params.get("stop")
+    stop_strings, stop_ids = [], []
+    for item in [stop] if isinstance(stop, str) else list(stop or []):
+        (stop_strings if isinstance(item, str) else stop_ids).append(item)
+    if not isinstance(num_samples, int) or num_samples < 1:
+        raise BadRequest(f"num_samples must be a positive integer, got {num_samples!r}")
+    max_tokens = params.get("max_tokens")
+    out = {
+        "max_tokens": 64 if max_tokens is None else int(max_tokens),
+        "temperature": float(params.get("temperature", 1.0)),
+        "top_p": float(params.get("top_p", 1.0)),
+        "top_k": int(params.get("top_k", -1)),
+        "seed": params.get("seed"),
+        "stop": stop_strings,
+        "stop_token_ids": [int(t) for t in stop_ids],
+        "num_samples": num_samples,
+        "logprobs": True,
+        "prompt_logprobs": bool(prompt_logprobs),
+    }
+    if out["max_tokens"] < 0 or out["temperature"] < 0 or not 0 < out["top_p"] <= 1:
+        raise BadRequest(
+            "sampling_params: max_tokens and temperature must be >= 0, top_p in (0, 1]"
+        )
+    return out
+
+
+def to_twinkle_path(path: str) -> str:
+    """``tinker://...`` or ``twinkle://...`` -> the ``twinkle://`` form the state stores."""
+    if not isinstance(path, str) or "://" not in path:
+        raise BadRequest(
+            f"not a checkpoint path: {path!r} (expected tinker://<run>/weights/<name>)"
+        )
+    scheme, rest = path.split("://", 1)
+    if scheme not in ("tinker", "twinkle"):
+        raise BadRequest(f"checkpoint paths start with tinker:// or twinkle://, got {path!r}")
+    return "twinkle://" + rest
+
+
+def to_tinker_path(path: str) -> str:
+    return "tinker://" + path.split("://", 1)[1]

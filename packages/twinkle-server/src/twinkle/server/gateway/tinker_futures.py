@@ -1,0 +1,217 @@
+"""Tinker futures on the gateway: run each submitted call as a task, keep its result in the state.
+
+- Every call gets a ``FutureRecord``; its result (JSON, or protobuf bytes base64-encoded) or its
+  error is stored there, so ``retrieve_future`` can be answered by any gateway replica.
+- Calls of one model run strictly in ``seq_id`` order, one after the other (:class:`ModelLane`):
+  the SDK sends ``forward_backward`` and ``optim_step`` without waiting, and may send the chunks
+  of one ``forward_backward`` out of order.
+- A model that answers ``RateLimited`` / ``AtCapacity`` is retried after its ``retry_after``;
+  meanwhile the future reports ``paused_rate_limit`` / ``paused_capacity``. Nothing is dropped.
+- Resubmissions (same ``X-Idempotency-Key``, or same model, ``seq_id`` and body) get the first
+  submission's request id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from twinkle.server.errors import AtCapacity, RateLimited, ServiceError, from_exception
+
+logger = logging.getLogger("twinkle.server.gateway.tinker")
+
+PROTOBUF = "application/x-protobuf"
+
+
+@dataclass
+class Proto:
+    """A protobuf result (``ForwardBackwardOutput``, ``SampleResponse``)."""
+
+    data: bytes
+
+
+Runner = Callable[[], Awaitable[Any]]
+
+
+class ModelLane:
+    """Runs one model's calls one at a time, in ``seq_id`` order.
+
+    A call with ``seq_id`` s waits until s - 1 was admitted (or ``gap_timeout`` passed, when a
+    client skipped one); a ``seq_id`` at or below the last admitted one (a new client on the same
+    model) queues at the end.
+    """
+
+    def __init__(self, gap_timeout: float) -> None:
+        self.gap_timeout = gap_timeout
+        self.last_seq = 0
+        self._tail: asyncio.Future | None = None
+        self._changed = asyncio.Condition()
+
+    async def admit(self, seq_id: int | None) -> tuple[asyncio.Future | None, asyncio.Future]:
+        """Wait for the turn of ``seq_id``; returns (the predecessor's done-future, ours)."""
+        async with self._changed:
+            if seq_id is not None and seq_id > self.last_seq + 1:
+                try:
+                    await asyncio.wait_for(
+                        self._changed.wait_for(lambda: self.last_seq >= seq_id - 1),
+                        self.gap_timeout,
+                    )
+                except asyncio.TimeoutError:
+                    logger.warning(
+                        "seq_id %s waited %.0f s for seq_id %s; running it anyway",
+                        seq_id,
+                        self.gap_timeout,
+                        seq_id - 1,
+                    )
+            previous, mine = self._tail, asyncio.get_running_loop().create_future()
+            self._tail = mine
+            if seq_id is not None:
+                self.last_seq = max(self.last_seq, seq_id)
+            self._changed.notify_all()
+            return previous, mine
+
+    async def skip(self, seq_id: int | None) -> None:
+        """A call refused before it ran still uses up its ``seq_id``."""
+        if seq_id is None:
+            return
+        async with self._changed:
+            self.last_seq = max(self.last_seq, seq_id)
+            self._changed.notify_all()
+
+
+class TinkerFutures:
+    """The gateway's futures: submission, ordered execution, retries and long-polling.
+
+    Args:
+        state: The server state holding the future records.
+        gap_timeout: Seconds a call waits for a missing earlier ``seq_id``.
+        max_retry_s: How long a rate-limited call keeps being retried before it fails.
+    """
+
+    def __init__(self, state: Any, gap_timeout: float = 10.0, max_retry_s: float = 600.0) -> None:
+        self.state = state
+        self.gap_timeout, self.max_retry_s = gap_timeout, max_retry_s
+        self._lanes: dict[str, ModelLane] = {}
+        self._done: dict[str, asyncio.Event] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._seen: OrderedDict[tuple, str] = OrderedDict()
+
+    def lane(self, model_id: str) -> ModelLane:
+        if model_id not in self._lanes:
+            self._lanes[model_id] = ModelLane(self.gap_timeout)
+        return self._lanes[model_id]
+
+    def find(self, owner: str, keys: list[tuple]) -> str | None:
+        """The request id an earlier identical submission got, if any."""
+        for key in keys:
+            found = self._seen.get((owner, *key))
+            if found is not None:
+                return found
+        return None
+
+    def submit(
+        self,
+        owner: str,
+        kind: str,
+        runner: Runner,
+        *,
+        model_id: str | None = None,
+        seq_id: int | None = None,
+        ordered: bool = True,
+        dedupe: list[tuple] | None = None,
+    ) -> str:
+        """Register a future and start ``runner`` (in ``seq_id`` order for ``model_id``)."""
+        record = self.state.create_future(owner, kind, model_id=model_id)
+        rid = record.request_id
+        for key in dedupe or []:
+            self._seen[(owner, *key)] = rid
+        while len(self._seen) > 20_000:
+            self._seen.popitem(last=False)
+        self._done[rid] = asyncio.Event()
+        lane = self.lane(model_id) if (model_id and ordered) else None
+        task = asyncio.get_running_loop().create_task(self._run(owner, rid, runner, lane, seq_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return rid
+
+    async def _run(
+        self, owner: str, rid: str, runner: Runner, lane: ModelLane | None, seq_id: int | None
+    ) -> None:
+        previous, mine = (None, None) if lane is None else await lane.admit(seq_id)
+        try:
+            if previous is not None:
+                await asyncio.shield(previous)
+            await self._execute(owner, rid, runner)
+        finally:
+            if mine is not None and not mine.done():
+                mine.set_result(None)
+            self._done.pop(rid, asyncio.Event()).set()
+
+    async def _execute(self, owner: str, rid: str, runner: Runner) -> None:
+        deadline = time.monotonic() + self.max_retry_s
+        while True:
+            try:
+                result = await runner()
+            except (RateLimited, AtCapacity) as exc:
+                if time.monotonic() > deadline:
+                    self._fail(owner, rid, exc)
+                    return
+                paused = "paused_rate_limit" if isinstance(exc, RateLimited) else "paused_capacity"
+                self.state.set_queue_state(owner, rid, paused)
+                await asyncio.sleep(min(max(exc.retry_after or 1.0, 0.05), 30.0))
+                continue
+            except Exception as exc:  # noqa: BLE001 - stored for retrieve_future
+                if not isinstance(exc, ServiceError):
+                    logger.exception("tinker request %s failed", rid)
+                self._fail(owner, rid, exc)
+                return
+            self.state.set_queue_state(owner, rid, "active")
+            if isinstance(result, Proto):
+                self.state.complete_future(
+                    owner,
+                    rid,
+                    result_b64=base64.b64encode(result.data).decode(),
+                    content_type=PROTOBUF,
+                )
+            else:
+                self.state.complete_future(owner, rid, result=result)
+            return
+
+    def _fail(self, owner: str, rid: str, exc: BaseException) -> None:
+        error = from_exception(exc)
+        self.state.fail_future(owner, rid, error.message, error.category)
+
+    async def wait(self, owner: str, rid: str, timeout: float) -> Any:
+        """The future's record once it is done, or still pending after ``timeout`` seconds."""
+        record = self.state.get_future(owner, rid)
+        deadline = time.monotonic() + timeout
+        while record.status == "pending":
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            event = self._done.get(rid)
+            if event is not None:  # ours: wake up the moment it finishes
+                try:
+                    await asyncio.wait_for(event.wait(), left)
+                except asyncio.TimeoutError:
+                    pass
+            else:  # submitted to another replica: poll the shared state
+                await asyncio.sleep(min(0.2, left))
+            record = self.state.get_future(owner, rid)
+        return record
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def body_digest(body: bytes | str) -> str:
+    return hashlib.sha256(body if isinstance(body, bytes) else body.encode()).hexdigest()[:32]

@@ -1,0 +1,42 @@
+"""HTTP routes of the processor application (``/api/v1/processor/...``), thin over ProcessorService."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+
+from twinkle.server.processor.service import ProcessorService
+from twinkle.server.web import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    Authenticator,
+    install_error_handlers,
+    read_json,
+)
+
+
+def create_processor_app(
+    authenticate: Authenticator,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    service: ProcessorService | None = None,
+) -> FastAPI:
+    """``POST /<op>`` with a JSON body for every dataset operation; ``GET /healthz`` needs no key.
+
+    Operations: ``create_dataset``, ``set_template``, ``map``, ``filter`` (declined: it needs
+    code), ``encode``, ``len``, ``rows``, ``delete_dataset``; replies are ``{"result": ...}``.
+    """
+    service = service or ProcessorService()
+    app = FastAPI(title="Twinkle processor")
+    install_error_handlers(app)
+    app.state.service = service
+
+    @app.get("/healthz")
+    async def healthz() -> dict:
+        return {"status": "ok"}
+
+    @app.post("/{op}")
+    async def call(op: str, request: Request):
+        owner = authenticate(request.headers)
+        return {
+            "result": await service.call(owner, op, await read_json(request, max_request_bytes))
+        }
+
+    return app

@@ -1,0 +1,88 @@
+"""Split one tenant's micro-batch by rows across data-parallel ranks, and join the results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+PER_ROW_KEYS = ("advantages", "old_logprobs", "ref_logprobs", "weights")
+
+
+def row_count(inputs: Any) -> int:
+    """How many rows (samples) ``inputs`` holds: collated tensors, one sample, or a list."""
+    if isinstance(inputs, dict):
+        ids = inputs.get("input_ids")
+        if hasattr(ids, "shape") and len(getattr(ids, "shape", ())) == 2:
+            return int(ids.shape[0])
+        return 1
+    return len(list(inputs))
+
+
+def shard_bounds(rows: int, parts: int, unit: int = 1) -> list[tuple[int, int]]:
+    """Contiguous ``[start, end)`` row ranges, as even as possible, cut on ``unit`` boundaries.
+
+    ``unit=2`` keeps DPO's (chosen, rejected) pairs together; a leftover row (an odd DPO batch)
+    goes to the last non-empty range, whose loss then reports it.
+    """
+    units, leftover = divmod(rows, unit)
+    base, extra = divmod(units, parts)
+    bounds, start = [], 0
+    for rank in range(parts):
+        end = start + (base + (rank < extra)) * unit
+        bounds.append((start, end))
+        start = end
+    if leftover:
+        last = max((i for i, (s, e) in enumerate(bounds) if e > s), default=0)
+        bounds[last] = (bounds[last][0], bounds[last][1] + leftover)
+        for i in range(last + 1, parts):
+            bounds[i] = (rows, rows)
+    return bounds
+
+
+def _take(value: Any, start: int, end: int, rows: int) -> Any:
+    if hasattr(value, "shape") and len(value.shape) >= 1 and value.shape[0] == rows:
+        return value[start:end]
+    if isinstance(value, (list, tuple)) and len(value) == rows:
+        return list(value[start:end])
+    return value
+
+
+def _slice_inputs(inputs: Any, start: int, end: int, rows: int) -> Any:
+    if isinstance(inputs, dict):
+        if row_count(inputs) == 1 and not hasattr(inputs.get("input_ids"), "shape"):
+            return inputs
+        return {k: _take(v, start, end, rows) for k, v in inputs.items()}
+    return list(inputs)[start:end]
+
+
+def split_request(
+    request: dict[str, Any], bounds: list[tuple[int, int]]
+) -> list[dict[str, Any] | None]:
+    """One request (``{'inputs': ..., **loss_kwargs}``) per rank; ``None`` where a rank has no row.
+
+    Per-row loss inputs (``advantages``, ``old_logprobs``, ``ref_logprobs``, ``weights``) are split
+    with the rows; every other keyword goes to each rank unchanged.
+    """
+    inputs = request["inputs"]
+    rows = row_count(inputs)
+    shards: list[dict[str, Any] | None] = []
+    for start, end in bounds:
+        if end <= start:
+            shards.append(None)
+            continue
+        shard = {"inputs": _slice_inputs(inputs, start, end, rows)}
+        for key, value in request.items():
+            if key == "inputs":
+                continue
+            shard[key] = _take(value, start, end, rows) if key in PER_ROW_KEYS else value
+        shards.append(shard)
+    return shards
+
+
+def join_logprobs(parts: list[list[Any]]) -> list[Any]:
+    """Per-row log-probs of the ranks, back in the original row order."""
+    return [np.asarray(row) for part in parts for row in part]
+
+
+__all__ = ["PER_ROW_KEYS", "join_logprobs", "row_count", "shard_bounds", "split_request"]

@@ -1,0 +1,89 @@
+"""The grouped multi-LoRA path (one bmm per rank/rows group) equals the per-segment loop."""
+
+import pytest
+import torch
+
+from twinkle.model.lora.ops import LoraSegment, _segmented_lora_loop, segmented_lora_reference
+
+IN, OUT = 24, 40
+
+
+def _weights(rank: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(rank, IN, generator=g, dtype=torch.float64).requires_grad_(True)
+    b = torch.randn(OUT, rank, generator=g, dtype=torch.float64).requires_grad_(True)
+    return a, b
+
+
+def _segments(layout, dropout=None):
+    """``layout``: (start, end, rank, scaling) per segment."""
+    segs = []
+    for i, (start, end, rank, scaling) in enumerate(layout):
+        a, b = _weights(rank, seed=i)
+        segs.append(LoraSegment(start, end, a, b, scaling, dropout if i % 2 == 0 else None))
+    return segs
+
+
+def _run(fn, layout, x_shape, dropout=None):
+    x = torch.randn(*x_shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    x.requires_grad_(True)
+    segs = _segments(layout, dropout)
+    out = fn(x, segs, OUT)
+    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    (out * weight).sum().backward()
+    grads = [x.grad] + [t.grad for s in segs for t in (s.lora_A, s.lora_B)]
+    return out.detach(), grads
+
+
+LAYOUTS = {
+    "uniform, contiguous": ([(0, 2, 16, 2.0), (2, 4, 16, 2.0), (4, 6, 16, 2.0), (6, 8, 16, 2.0)], (8, 5, IN)),
+    "mixed ranks": ([(0, 2, 8, 2.0), (2, 4, 16, 2.0), (4, 6, 32, 2.0), (6, 8, 64, 2.0)], (8, 5, IN)),
+    "gaps and interleaved groups": (
+        [(1, 3, 8, 1.5), (3, 5, 16, 2.0), (5, 7, 8, 0.5), (8, 10, 16, 2.0), (10, 11, 8, 3.0)],
+        (12, 3, IN),
+    ),
+    "same rank, different rows": ([(0, 1, 16, 2.0), (1, 4, 16, 2.0), (4, 5, 16, 2.0)], (5, 4, IN)),
+    "different scalings": ([(0, 3, 4, 0.25), (3, 6, 4, 4.0), (6, 9, 4, 1.0)], (9, IN)),
+}
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_grouped_equals_loop(name):
+    layout, shape = LAYOUTS[name]
+    out, grads = _run(segmented_lora_reference, layout, shape)
+    ref_out, ref_grads = _run(_segmented_lora_loop, layout, shape)
+    torch.testing.assert_close(out, ref_out, rtol=1e-6, atol=1e-6)
+    for g, ref in zip(grads, ref_grads):
+        torch.testing.assert_close(g, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_grouped_applies_each_segments_dropout():
+    def halve(t):
+        return t * 0.5
+
+    layout, shape = LAYOUTS["uniform, contiguous"]
+    out, grads = _run(segmented_lora_reference, layout, shape, dropout=halve)
+    ref_out, ref_grads = _run(_segmented_lora_loop, layout, shape, dropout=halve)
+    plain_out, _ = _run(_segmented_lora_loop, layout, shape)
+    torch.testing.assert_close(out, ref_out, rtol=1e-6, atol=1e-6)
+    for g, ref in zip(grads, ref_grads):
+        torch.testing.assert_close(g, ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(out[:2], plain_out[:2] * 0.5)  # segment 0 has the dropout
+    torch.testing.assert_close(out[2:4], plain_out[2:4])  # segment 1 has none
+
+
+def test_rows_outside_every_segment_are_zero():
+    layout, shape = LAYOUTS["gaps and interleaved groups"]
+    out, _ = _run(segmented_lora_reference, layout, shape)
+    assert out.shape == (12, 3, OUT)
+    assert torch.count_nonzero(out[0]) == 0 and torch.count_nonzero(out[7]) == 0
+    assert torch.count_nonzero(out[11]) == 0
+
+
+def test_grouped_float32_matches_loop_within_1e6():
+    layout, shape = LAYOUTS["uniform, contiguous"]
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(3))
+    segs = [LoraSegment(s, e, a.detach().float(), b.detach().float(), sc) for (s, e, _, sc), (a, b) in
+            zip(layout, [_weights(r, i) for i, (_, _, r, _) in enumerate(layout)])]
+    torch.testing.assert_close(segmented_lora_reference(x, segs, OUT), _segmented_lora_loop(x, segs, OUT),
+                               rtol=1e-6, atol=1e-5)
