@@ -76,3 +76,4 @@ def test_two_tenants_train_concurrently_and_sample_with_their_adapters(serve_url
         assert len(r.json()["result"]["results"][0]["sequences"][0]["tokens"]) <= 4
         assert http.post(f"{SAMPLER}/sample", json={**body, "adapter_uri": bob_path}).status_code == 404
         assert http.get("/api/v1/training_runs", headers={"X-API-Key": "nope"}).status_code == 401
+

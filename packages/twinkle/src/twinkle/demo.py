@@ -1,9 +1,12 @@
 """The README demo: two tenants fine-tune their own LoRA adapters on one shared tiny model.
 
 Tenant A does SFT (rank 8, Adam) on the shipped self-cognition data; tenant B does continued
-pre-training (rank 32, AdamW, its own learning rate, loss on every token) on raw text. Each step
-runs both tenants' micro-batches through ONE fused base-model pass (``forward_backward_many``),
-then each tenant takes its own optimizer step. Checkpoints and a loss-curve PNG land in
+pre-training (rank 32, AdamW, its own learning rate, loss on every token) on raw text.
+
+By default (with twinkle-server installed) the demo starts the tiny server on Ray Serve and both
+tenants train through it at the same time with ``twinkle_client``; the model deployment fuses their
+waiting calls. ``--local`` runs the same two tenants in this process instead, each step ONE fused
+base-model pass (``forward_backward_many``). Checkpoints and a loss-curve PNG land in
 ``--output-dir``.
 
 Run: ``python -m twinkle.demo`` (or ``twinkle-demo``).
@@ -48,6 +51,15 @@ def _pretrain_dataloader(model_id: str, batch_size: int, seq: int = 64):
     return DataLoader(dataset=features, batch_size=batch_size, shuffle=True, seed=1)
 
 
+def _smooth(values: list[float], weight: float = 0.9) -> list[float]:
+    """Exponential moving average, bias-corrected so the curve starts at the first value."""
+    out, average = [], 0.0
+    for i, value in enumerate(values, start=1):
+        average = weight * average + (1 - weight) * value
+        out.append(average / (1 - weight**i))
+    return out
+
+
 def _save_curves(history: dict[str, list[float]], path: Path) -> Path | None:
     try:
         import matplotlib
@@ -59,7 +71,9 @@ def _save_curves(history: dict[str, list[float]], path: Path) -> Path | None:
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
     for tenant, losses in history.items():
-        ax.plot(range(1, len(losses) + 1), losses, label=tenant)
+        steps = range(1, len(losses) + 1)
+        line = ax.plot(steps, losses, alpha=0.3, linewidth=0.8)[0]
+        ax.plot(steps, _smooth(losses), color=line.get_color(), linewidth=2, label=f"{tenant} (moving average)")
     ax.set_xlabel("step")
     ax.set_ylabel("training loss")
     ax.set_title("Twinkle demo: two tenants on one shared base model")
@@ -134,10 +148,20 @@ def run(model_id: str, steps: int, output_dir: Path, batch_size: int = 4, log_ev
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-id", default="tiny://qwen3.5")
-    parser.add_argument("--steps", type=int, default=80)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--local", action="store_true", help="train in this process, without a server")
     parser.add_argument("--output-dir", type=Path, default=Path(os.environ.get("TWINKLE_OUTPUT_DIR", "output")) / "demo")
     args = parser.parse_args(argv)
-    history = run(args.model_id, args.steps, args.output_dir)
+    try:
+        from twinkle.server import demo as served
+    except ImportError:
+        served = None
+        if not args.local:
+            logger.info("twinkle-server is not installed: running the demo in this process (--local)")
+    if served is not None and not args.local:
+        history = served.run(args.steps, args.output_dir)
+    else:
+        history = run(args.model_id, args.steps, args.output_dir)
     for name, losses in history.items():
         print(f"{name}: loss/token {losses[0]:.3f} -> {losses[-1]:.3f} over {len(losses)} steps")
     return 0
