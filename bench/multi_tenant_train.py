@@ -76,7 +76,9 @@ def tenant_names(n: int) -> list[str]:
     return [f"t{i}" for i in range(n)]
 
 
-def add_tenant(model: MultiLoraTransformersModel, name: str, rank: int, random_b: bool = False) -> None:
+def add_tenant(
+    model: MultiLoraTransformersModel, name: str, rank: int, random_b: bool = False
+) -> None:
     config = LoraConfig(r=rank, lora_alpha=2 * rank, init_lora_weights=not random_b)
     model.add_adapter_to_model(name, config)
     model.set_optimizer("AdamW", lr=1e-4, adapter_name=name, fused=FUSED_ADAM)
@@ -216,7 +218,12 @@ def points(quick: bool, models: list[str] | None = None) -> list[Point]:
 
 
 # -------------------------------------------------------------------------------- correctness
-def check(model_id: str = "tiny://qwen3.5", ranks: tuple[int, ...] = (8, 16, 32), batch: int = 2, seq: int = 32) -> dict[str, float]:
+def check(
+    model_id: str = "tiny://qwen3.5",
+    ranks: tuple[int, ...] = (8, 16, 32),
+    batch: int = 2,
+    seq: int = 32,
+) -> dict[str, float]:
     """Assert the fused first step equals the sliced one (losses rel 1e-5, grads close).
 
     Returns:
@@ -234,7 +241,9 @@ def check(model_id: str = "tiny://qwen3.5", ranks: tuple[int, ...] = (8, 16, 32)
     for name in names:
         sliced = model.forward_backward(batches[name], adapter_name=name)
         loss_f, loss_s = fused[name]["loss"], sliced["loss"]
-        assert abs(loss_f - loss_s) <= 1e-5 * abs(loss_s), f"{name}: fused loss {loss_f} != sliced {loss_s}"
+        assert abs(loss_f - loss_s) <= 1e-5 * abs(loss_s), (
+            f"{name}: fused loss {loss_f} != sliced {loss_s}"
+        )
         for g_f, p in zip(fused_grads[name], model.tenants[name].params):
             torch.testing.assert_close(g_f, p.grad, rtol=1e-5, atol=1e-7)
     return {n: fused[n]["loss"] for n in names}
@@ -252,13 +261,19 @@ def machine() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="tiny model, N in {1, 8}, B in {1, 4}")
-    parser.add_argument("--check", action="store_true", help="only assert fused == sliced, then exit")
+    parser.add_argument(
+        "--check", action="store_true", help="only assert fused == sliced, then exit"
+    )
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--models", nargs="*", default=None, help="model ids to run instead of the defaults")
+    parser.add_argument(
+        "--models", nargs="*", default=None, help="model ids to run instead of the defaults"
+    )
     parser.add_argument("--json-out", default=None, help="also write the JSON lines to this file")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -76,29 +76,50 @@ def start_server(model_id: str, port: int, storage: str) -> str:
     from twinkle.server.launch import deploy
 
     base = model_id.replace("://", "/")
-    config = parse_config({
-        "http_options": {"host": "127.0.0.1", "port": port},
-        "auth": {"api_keys": KEYS},
-        "storage": {"root": storage},
-        "applications": [
-            {"name": "server", "route_prefix": "/api/v1", "import_path": "server",
-             "args": {"server_config": {"per_token_model_limit": 2, "supported_models": [base]}}},
-            {"name": "model", "route_prefix": f"/api/v1/model/{base}", "import_path": "model",
-             "args": {"backend": "transformers", "model_id": model_id, "max_loras": 16}},
-        ],
-    })
+    config = parse_config(
+        {
+            "http_options": {"host": "127.0.0.1", "port": port},
+            "auth": {"api_keys": KEYS},
+            "storage": {"root": storage},
+            "applications": [
+                {
+                    "name": "server",
+                    "route_prefix": "/api/v1",
+                    "import_path": "server",
+                    "args": {
+                        "server_config": {"per_token_model_limit": 2, "supported_models": [base]}
+                    },
+                },
+                {
+                    "name": "model",
+                    "route_prefix": f"/api/v1/model/{base}",
+                    "import_path": "model",
+                    "args": {"backend": "transformers", "model_id": model_id, "max_loras": 16},
+                },
+            ],
+        }
+    )
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
-             namespace="twinkle-bench")
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+        namespace="twinkle-bench",
+    )
     deploy(config, ready_timeout_s=300)
     return f"http://127.0.0.1:{port}/api/v1/model/{base}"
 
 
 def remote_client(url: str, key: str, name: str) -> httpx.Client:
     http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=300)
-    r = http.post("/add_adapter_to_model", json={"adapter_name": name, "config": {"r": 8, "lora_alpha": 16}})
+    r = http.post(
+        "/add_adapter_to_model", json={"adapter_name": name, "config": {"r": 8, "lora_alpha": 16}}
+    )
     r.raise_for_status()
-    http.post("/set_optimizer", json={"adapter_name": name, "optimizer": "Adam", "lr": 1e-4}).raise_for_status()
+    http.post(
+        "/set_optimizer", json={"adapter_name": name, "optimizer": "Adam", "lr": 1e-4}
+    ).raise_for_status()
     return http
 
 
@@ -107,7 +128,9 @@ def remote_latency(url: str, batch: list[dict], calls: int) -> list[float]:
     times = []
     for i in range(calls + 3):
         start = time.perf_counter()
-        http.post("/forward_backward", json={"adapter_name": "latency", "inputs": batch}).raise_for_status()
+        http.post(
+            "/forward_backward", json={"adapter_name": "latency", "inputs": batch}
+        ).raise_for_status()
         if i >= 3:
             times.append(time.perf_counter() - start)
         http.post("/clip_grad_and_step", json={"adapter_name": "latency"}).raise_for_status()
@@ -116,14 +139,23 @@ def remote_latency(url: str, batch: list[dict], calls: int) -> list[float]:
 
 def remote_tps(url: str, tenants: int, rows: int, seq: int, steps: int) -> float:
     clients = [remote_client(url, KEYS[i], f"tp{tenants}") for i in range(tenants)]
+
     def loop(i: int) -> None:
         batch = features(rows, seq, i)
         for _ in range(2):  # warm-up
-            clients[i].post("/forward_backward", json={"adapter_name": f"tp{tenants}", "inputs": batch}).raise_for_status()
-            clients[i].post("/clip_grad_and_step", json={"adapter_name": f"tp{tenants}"}).raise_for_status()
+            clients[i].post(
+                "/forward_backward", json={"adapter_name": f"tp{tenants}", "inputs": batch}
+            ).raise_for_status()
+            clients[i].post(
+                "/clip_grad_and_step", json={"adapter_name": f"tp{tenants}"}
+            ).raise_for_status()
         for _ in range(steps):
-            clients[i].post("/forward_backward", json={"adapter_name": f"tp{tenants}", "inputs": batch}).raise_for_status()
-            clients[i].post("/clip_grad_and_step", json={"adapter_name": f"tp{tenants}"}).raise_for_status()
+            clients[i].post(
+                "/forward_backward", json={"adapter_name": f"tp{tenants}", "inputs": batch}
+            ).raise_for_status()
+            clients[i].post(
+                "/clip_grad_and_step", json={"adapter_name": f"tp{tenants}"}
+            ).raise_for_status()
 
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(tenants) as pool:
@@ -136,7 +168,9 @@ def remote_tps(url: str, tenants: int, rows: int, seq: int, steps: int) -> float
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="tiny://qwen3.5")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--port", type=int, default=8123)
@@ -152,23 +186,46 @@ def main() -> int:
     url = start_server(args.model, args.port, tempfile.mkdtemp(prefix="twinkle-bench-"))
     try:
         remote = remote_latency(url, batch, calls)
-        print(json.dumps({
-            "bench": "server_overhead", "kind": "latency", "model": args.model, "rows": 2, "seq": 16,
-            "calls": calls, "torch_threads": torch.get_num_threads(),
-            "local_p50_ms": round(1e3 * statistics.median(local), 2),
-            "local_p95_ms": round(1e3 * percentile(local, 95), 2),
-            "remote_p50_ms": round(1e3 * statistics.median(remote), 2),
-            "remote_p95_ms": round(1e3 * percentile(remote, 95), 2),
-            "overhead_p50_ms": round(1e3 * (statistics.median(remote) - statistics.median(local)), 2),
-        }), flush=True)
+        print(
+            json.dumps(
+                {
+                    "bench": "server_overhead",
+                    "kind": "latency",
+                    "model": args.model,
+                    "rows": 2,
+                    "seq": 16,
+                    "calls": calls,
+                    "torch_threads": torch.get_num_threads(),
+                    "local_p50_ms": round(1e3 * statistics.median(local), 2),
+                    "local_p95_ms": round(1e3 * percentile(local, 95), 2),
+                    "remote_p50_ms": round(1e3 * statistics.median(remote), 2),
+                    "remote_p95_ms": round(1e3 * percentile(remote, 95), 2),
+                    "overhead_p50_ms": round(
+                        1e3 * (statistics.median(remote) - statistics.median(local)), 2
+                    ),
+                }
+            ),
+            flush=True,
+        )
         for tenants in (1, 4, 8):
             server = remote_tps(url, tenants, rows=2, seq=64, steps=steps)
             local_fused = local_fused_tps(args.model, tenants, rows=2, seq=64, steps=steps)
-            print(json.dumps({
-                "bench": "server_overhead", "kind": "throughput", "model": args.model, "tenants": tenants,
-                "rows": 2, "seq": 64, "server_tps": round(server, 1), "local_fused_tps": round(local_fused, 1),
-                "ratio": round(server / local_fused, 3),
-            }), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "bench": "server_overhead",
+                        "kind": "throughput",
+                        "model": args.model,
+                        "tenants": tenants,
+                        "rows": 2,
+                        "seq": 64,
+                        "server_tps": round(server, 1),
+                        "local_fused_tps": round(local_fused, 1),
+                        "ratio": round(server / local_fused, 3),
+                    }
+                ),
+                flush=True,
+            )
     finally:
         import ray
         from ray import serve

@@ -47,7 +47,9 @@ def expected_files(version: str) -> dict[Path, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("version", nargs="?", help="new version, e.g. 0.2.0")
     parser.add_argument("--check", action="store_true", help="only check consistency")
     args = parser.parse_args(argv)
@@ -55,8 +57,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give either a version or --check")
     if args.check:
         version = (ROOT / "VERSION").read_text().strip()
-        stale = [str(p.relative_to(ROOT)) for p, want in expected_files(version).items()
-                 if not p.exists() or p.read_text() != want]
+        stale = [
+            str(p.relative_to(ROOT))
+            for p, want in expected_files(version).items()
+            if not p.exists() or p.read_text() != want
+        ]
         if stale:
             print(f"out of date with VERSION {version}: {', '.join(stale)}", file=sys.stderr)
             return 1

@@ -19,14 +19,25 @@ base_model = "tiny://qwen3.5"  # the seed: 'ms://Qwen/Qwen3.5-4B'
 # Tenant A: private SFT data.
 dataset = Dataset(dataset_meta=DatasetMeta("builtin://self-cognition"))
 dataset.set_template("Qwen3_5Template", model_id=base_model, max_length=256)
-dataset.map("SelfCognitionProcessor", init_args={"model_name": "Twinkle", "model_author": "the Twinkle team"})
+dataset.map(
+    "SelfCognitionProcessor",
+    init_args={"model_name": "Twinkle", "model_author": "the Twinkle team"},
+)
 dataset.encode(batched=True)
 loader_a = DataLoader(dataset=dataset, batch_size=4, shuffle=True)
 
 # Tenant B: raw text, every token a target.
-text = " ".join(f"Step {i}: Twinkle trains many LoRA adapters on one shared base model." for i in range(400))
+text = " ".join(
+    f"Step {i}: Twinkle trains many LoRA adapters on one shared base model." for i in range(400)
+)
 ids = np.asarray(load_tokenizer(base_model)(text)["input_ids"])
-loader_b = DataLoader(dataset=[{"input_ids": ids[i : i + 64], "labels": ids[i : i + 64]} for i in range(0, len(ids) - 64, 32)], batch_size=4)
+loader_b = DataLoader(
+    dataset=[
+        {"input_ids": ids[i : i + 64], "labels": ids[i : i + 64]}
+        for i in range(0, len(ids) - 64, 32)
+    ],
+    batch_size=4,
+)
 
 model = MultiLoraTransformersModel(model_id=base_model)
 

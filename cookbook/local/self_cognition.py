@@ -19,7 +19,10 @@ resume_path = None  # e.g. 'output/default/twinkle-epoch-0'
 # Step 3: the data set
 dataset = Dataset(dataset_meta=DatasetMeta("builtin://self-cognition", data_slice=range(500)))
 dataset.set_template("Qwen3_5Template", model_id=base_model, max_length=512)
-dataset.map("SelfCognitionProcessor", init_args={"model_name": "twinkle模型", "model_author": "ModelScope社区"})
+dataset.map(
+    "SelfCognitionProcessor",
+    init_args={"model_name": "twinkle模型", "model_author": "ModelScope社区"},
+)
 dataset.encode(batched=True)
 dataloader = DataLoader(dataset=dataset, batch_size=4)
 

@@ -66,4 +66,6 @@ def test_resume_restores_a_scheduler_that_was_not_set_yet(model, tmp_path):
     fresh = MultiLoraTransformersModel("tiny://qwen3")
     fresh.add_adapter_to_model("t", LoraConfig(r=4, lora_alpha=8))
     fresh.resume_from_checkpoint(path)
-    assert fresh.calculate_metric().result["lr"] == pytest.approx(model.calculate_metric().result["lr"])
+    assert fresh.calculate_metric().result["lr"] == pytest.approx(
+        model.calculate_metric().result["lr"]
+    )

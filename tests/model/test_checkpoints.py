@@ -15,7 +15,9 @@ from twinkle.model.lora import RowRoute
 
 def _model(dropout=0.1):
     m = MultiLoraTransformersModel("tiny://qwen3")
-    m.add_adapter_to_model("t", LoraConfig(r=8, lora_alpha=16, lora_dropout=dropout), gradient_accumulation_steps=2)
+    m.add_adapter_to_model(
+        "t", LoraConfig(r=8, lora_alpha=16, lora_dropout=dropout), gradient_accumulation_steps=2
+    )
     m.set_optimizer("AdamW", lr=5e-3, weight_decay=0.01)
     m.set_lr_scheduler("cosine", num_warmup_steps=2, num_training_steps=12)
     return m
@@ -33,10 +35,16 @@ def test_saved_adapter_loads_in_peft_with_equal_logits(tmp_path):
     m = _model(dropout=0.0)
     _train(m, [make_batch(seed=i) for i in range(4)])
     path = m.save("peft-check", output_dir=tmp_path)
-    assert sorted(os.listdir(path)) == ["adapter_config.json", "adapter_model.safetensors", "trainer_state.json"]
+    assert sorted(os.listdir(path)) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "trainer_state.json",
+    ]
     config = json.loads((tmp_path / "peft-check" / "adapter_config.json").read_text())
     assert config["peft_type"] == "LORA" and config["r"] == 8
-    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(m.model_dir), path).eval()
+    peft_model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(m.model_dir), path
+    ).eval()
     ids = make_batch(seed=9)["input_ids"]
     with torch.no_grad(), m.routes([RowRoute("t", 0, ids.shape[0])]):
         ours = m.model(input_ids=ids).logits

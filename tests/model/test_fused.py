@@ -13,7 +13,9 @@ RANKS = {"sft8": 8, "grpo16": 16, "sft32": 32}
 def _model(model_id):
     m = MultiLoraTransformersModel(model_id)
     for name, rank in RANKS.items():
-        m.add_adapter_to_model(name, LoraConfig(r=rank, lora_alpha=2 * rank, init_lora_weights=False))
+        m.add_adapter_to_model(
+            name, LoraConfig(r=rank, lora_alpha=2 * rank, init_lora_weights=False)
+        )
         m.set_optimizer("AdamW", lr=1e-2, adapter_name=name)
     m.set_loss("GRPOLoss", adapter_name="grpo16", epsilon=0.2, beta=0.05)
     return m
@@ -26,7 +28,8 @@ def _requests():
         "grpo16": {
             "inputs": grpo_batch,
             "advantages": torch.tensor([1.0, -0.5, 0.25, -1.0]),
-            "old_logprobs": -8.3 + 0.05 * torch.randn(4, 20, generator=torch.Generator().manual_seed(5)),
+            "old_logprobs": -8.3
+            + 0.05 * torch.randn(4, 20, generator=torch.Generator().manual_seed(5)),
         },
         "sft32": {"inputs": make_batch(rows=3, seq=16, seed=3)},
     }
@@ -43,7 +46,9 @@ def test_fused_step_equals_separate_steps(model_id):
     separate_out = {}
     for name, request in _requests().items():
         request = dict(request)
-        separate_out[name] = separate.forward_backward(request.pop("inputs"), adapter_name=name, **request)
+        separate_out[name] = separate.forward_backward(
+            request.pop("inputs"), adapter_name=name, **request
+        )
     for name in RANKS:
         assert fused_out[name]["loss"] == pytest.approx(separate_out[name]["loss"], rel=1e-5)
         for g_fused, g_sep in zip(_grads(fused, name), _grads(separate, name)):

@@ -36,8 +36,14 @@ def _run(fn, layout, x_shape, dropout=None):
 
 
 LAYOUTS = {
-    "uniform, contiguous": ([(0, 2, 16, 2.0), (2, 4, 16, 2.0), (4, 6, 16, 2.0), (6, 8, 16, 2.0)], (8, 5, IN)),
-    "mixed ranks": ([(0, 2, 8, 2.0), (2, 4, 16, 2.0), (4, 6, 32, 2.0), (6, 8, 64, 2.0)], (8, 5, IN)),
+    "uniform, contiguous": (
+        [(0, 2, 16, 2.0), (2, 4, 16, 2.0), (4, 6, 16, 2.0), (6, 8, 16, 2.0)],
+        (8, 5, IN),
+    ),
+    "mixed ranks": (
+        [(0, 2, 8, 2.0), (2, 4, 16, 2.0), (4, 6, 32, 2.0), (6, 8, 64, 2.0)],
+        (8, 5, IN),
+    ),
     "gaps and interleaved groups": (
         [(1, 3, 8, 1.5), (3, 5, 16, 2.0), (5, 7, 8, 0.5), (8, 10, 16, 2.0), (10, 11, 8, 3.0)],
         (12, 3, IN),
@@ -83,7 +89,15 @@ def test_rows_outside_every_segment_are_zero():
 def test_grouped_float32_matches_loop_within_1e6():
     layout, shape = LAYOUTS["uniform, contiguous"]
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(3))
-    segs = [LoraSegment(s, e, a.detach().float(), b.detach().float(), sc) for (s, e, _, sc), (a, b) in
-            zip(layout, [_weights(r, i) for i, (_, _, r, _) in enumerate(layout)])]
-    torch.testing.assert_close(segmented_lora_reference(x, segs, OUT), _segmented_lora_loop(x, segs, OUT),
-                               rtol=1e-6, atol=1e-5)
+    segs = [
+        LoraSegment(s, e, a.detach().float(), b.detach().float(), sc)
+        for (s, e, _, sc), (a, b) in zip(
+            layout, [_weights(r, i) for i, (_, _, r, _) in enumerate(layout)]
+        )
+    ]
+    torch.testing.assert_close(
+        segmented_lora_reference(x, segs, OUT),
+        _segmented_lora_loop(x, segs, OUT),
+        rtol=1e-6,
+        atol=1e-5,
+    )

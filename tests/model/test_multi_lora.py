@@ -12,7 +12,9 @@ from twinkle.model import MultiLoraTransformersModel, TransformersModel
 def model():
     m = MultiLoraTransformersModel("tiny://qwen3")
     m.add_adapter_to_model("a", LoraConfig(r=8, lora_alpha=32, target_modules="all-linear"))
-    m.add_adapter_to_model("b", LoraConfig(r=32, lora_alpha=64, target_modules=["q_proj", "v_proj"]))
+    m.add_adapter_to_model(
+        "b", LoraConfig(r=32, lora_alpha=64, target_modules=["q_proj", "v_proj"])
+    )
     m.set_optimizer("Adam", lr=1e-2, adapter_name="a")
     m.set_optimizer("AdamW", lr=1e-3, adapter_name="b")
     return m
@@ -72,7 +74,9 @@ def test_gradient_accumulation_matches_full_batch():
         m = MultiLoraTransformersModel("tiny://qwen3")
         m.add_adapter_to_model("t", LoraConfig(r=8, lora_alpha=16), gradient_accumulation_steps=ga)
         m.set_optimizer("SGD", lr=0.5)
-        stepped = [m.forward_backward(b) and m.clip_grad_and_step(max_grad_norm=1e9) for b in batches]
+        stepped = [
+            m.forward_backward(b) and m.clip_grad_and_step(max_grad_norm=1e9) for b in batches
+        ]
         assert stepped[-1] is True and all(s is False for s in stepped[:-1])
         results.append(m.adapter_state_dict())
     for key in results[0]:
@@ -80,7 +84,9 @@ def test_gradient_accumulation_matches_full_batch():
 
 
 def test_lr_scheduler_and_train_configs(model, batch):
-    model.set_lr_scheduler("LinearLR", adapter_name="a", start_factor=1.0, end_factor=0.5, total_iters=2)
+    model.set_lr_scheduler(
+        "LinearLR", adapter_name="a", start_factor=1.0, end_factor=0.5, total_iters=2
+    )
     for _ in range(2):
         model.forward_backward(batch, adapter_name="a")
         model.clip_grad_and_step(adapter_name="a")
@@ -118,17 +124,43 @@ def test_remove_adapter_frees_the_name(model, batch):
         (lambda m, b: m.add_adapter_to_model("a", LoraConfig(r=4)), ValueError, "already exists"),
         (lambda m, b: m.add_adapter_to_model("c", LoraConfig(r=0)), ValueError, "positive"),
         (lambda m, b: m.add_adapter_to_model("c", {"r": -2}), ValueError, "positive"),
-        (lambda m, b: m.add_adapter_to_model("../x", LoraConfig(r=4)), ValueError, "invalid adapter name"),
-        (lambda m, b: m.add_adapter_to_model("c", LoraConfig(r=4, target_modules=["nope"])), ValueError, "matches no"),
+        (
+            lambda m, b: m.add_adapter_to_model("../x", LoraConfig(r=4)),
+            ValueError,
+            "invalid adapter name",
+        ),
+        (
+            lambda m, b: m.add_adapter_to_model("c", LoraConfig(r=4, target_modules=["nope"])),
+            ValueError,
+            "matches no",
+        ),
         (lambda m, b: m.set_loss("NoSuchLoss", adapter_name="a"), ValueError, "NoSuchLoss"),
-        (lambda m, b: m.set_optimizer("Adamax2", adapter_name="a"), ValueError, "unknown optimizer"),
-        (lambda m, b: m.set_optimizer("Adam", adapter_name="a", lr=-1.0), ValueError, "learning rate"),
-        (lambda m, b: m.set_lr_scheduler("Wiggly", adapter_name="a"), ValueError, "unknown lr scheduler"),
+        (
+            lambda m, b: m.set_optimizer("Adamax2", adapter_name="a"),
+            ValueError,
+            "unknown optimizer",
+        ),
+        (
+            lambda m, b: m.set_optimizer("Adam", adapter_name="a", lr=-1.0),
+            ValueError,
+            "learning rate",
+        ),
+        (
+            lambda m, b: m.set_lr_scheduler("Wiggly", adapter_name="a"),
+            ValueError,
+            "unknown lr scheduler",
+        ),
         (lambda m, b: m.clip_grad_and_step(adapter_name="a"), RuntimeError, "forward_backward"),
         (lambda m, b: m.step(adapter_name="a"), RuntimeError, "forward_backward"),
         (lambda m, b: m.forward_backward(b, adapter_name="zz"), ValueError, "unknown adapter 'zz'"),
         (lambda m, b: m.forward_backward(b), ValueError, "pass adapter_name"),
-        (lambda m, b: m.forward_backward({**b, "input_ids": b["input_ids"] + 10**6}, adapter_name="a"), ValueError, "vocabulary"),
+        (
+            lambda m, b: m.forward_backward(
+                {**b, "input_ids": b["input_ids"] + 10**6}, adapter_name="a"
+            ),
+            ValueError,
+            "vocabulary",
+        ),
         (lambda m, b: m.forward_backward([], adapter_name="a"), ValueError, "empty"),
     ],
 )

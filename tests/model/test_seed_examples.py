@@ -13,7 +13,10 @@ from twinkle.model import MultiLoraTransformersModel
 def dataloader():
     dataset = Dataset(dataset_meta=DatasetMeta("builtin://self-cognition", data_slice=range(80)))
     dataset.set_template("Qwen3_5Template", model_id="tiny://qwen3.5", max_length=256)
-    dataset.map("SelfCognitionProcessor", init_args={"model_name": "Twinkle", "model_author": "the Twinkle team"})
+    dataset.map(
+        "SelfCognitionProcessor",
+        init_args={"model_name": "Twinkle", "model_author": "the Twinkle team"},
+    )
     dataset.encode(batched=True)
     return DataLoader(dataset=dataset, batch_size=4)
 
@@ -31,11 +34,13 @@ def test_seed_tenant_a_loop_lowers_loss_and_leaves_tenant_b_bitwise_unchanged(da
 
     first_epoch_losses, last_epoch_losses = [], []
     for epoch in range(2):
-        for step, batch in enumerate(dataloader):
+        for batch in dataloader:
             out = model.forward_backward(inputs=batch, adapter_name="tenant_a")
             model.clip_grad_and_step(adapter_name="tenant_a")
             (first_epoch_losses if epoch == 0 else last_epoch_losses).append(out["loss"])
-    assert model.calculate_metric(adapter_name="tenant_a").result["step"] == 2 * len(dataloader) == 40
+    assert (
+        model.calculate_metric(adapter_name="tenant_a").result["step"] == 2 * len(dataloader) == 40
+    )
     # Same batches in both epochs: the second pass over them must be clearly better.
     assert sum(last_epoch_losses) / 20 < sum(first_epoch_losses) / 20 - 0.3
     after = model.adapter_state_dict("tenant_b")

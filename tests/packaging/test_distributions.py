@@ -23,7 +23,9 @@ def test_every_distribution_is_at_the_one_version():
     import twinkle.server
     import twinkle_client
 
-    assert twinkle.__version__ == twinkle_client.__version__ == twinkle.server.__version__ == version
+    assert (
+        twinkle.__version__ == twinkle_client.__version__ == twinkle.server.__version__ == version
+    )
 
 
 def test_bump_version_rewrites_versions_and_sibling_pins(tmp_path):
@@ -34,22 +36,31 @@ def test_bump_version_rewrites_versions_and_sibling_pins(tmp_path):
     shutil.copy(ROOT / "VERSION", copy / "VERSION")
     for dist in ("twinkle", "twinkle-client", "twinkle-server"):
         (copy / "packages" / dist).mkdir(parents=True)
-        shutil.copy(ROOT / "packages" / dist / "pyproject.toml", copy / "packages" / dist / "pyproject.toml")
+        shutil.copy(
+            ROOT / "packages" / dist / "pyproject.toml", copy / "packages" / dist / "pyproject.toml"
+        )
     for rel in ("twinkle/src/twinkle", "twinkle-client/src/twinkle_client"):
         (copy / "packages" / rel).mkdir(parents=True)
     result = _run(sys.executable, str(copy / "tools" / "bump_version.py"), "9.8.7")
     assert result.returncode == 0, result.stderr
     server = (copy / "packages" / "twinkle-server" / "pyproject.toml").read_text()
     assert 'version = "9.8.7"' in server and '"twinkle==9.8.7"' in server
-    assert '"twinkle-client==9.8.7"' in (copy / "packages" / "twinkle" / "pyproject.toml").read_text()
+    assert (
+        '"twinkle-client==9.8.7"' in (copy / "packages" / "twinkle" / "pyproject.toml").read_text()
+    )
     assert _run(sys.executable, str(copy / "tools" / "bump_version.py"), "--check").returncode == 0
-    assert _run(sys.executable, str(copy / "tools" / "bump_version.py"), "not-a-version").returncode != 0
+    assert (
+        _run(sys.executable, str(copy / "tools" / "bump_version.py"), "not-a-version").returncode
+        != 0
+    )
 
 
 def _dependencies(dist: str) -> list[str]:
     import tomllib
 
-    return tomllib.loads((ROOT / "packages" / dist / "pyproject.toml").read_text())["project"]["dependencies"]
+    return tomllib.loads((ROOT / "packages" / dist / "pyproject.toml").read_text())["project"][
+        "dependencies"
+    ]
 
 
 def test_siblings_are_pinned_exactly_and_the_client_needs_no_torch():
@@ -58,7 +69,9 @@ def test_siblings_are_pinned_exactly_and_the_client_needs_no_torch():
     assert f"twinkle=={version}" in _dependencies("twinkle-server")
     client = " ".join(_dependencies("twinkle-client"))
     assert "torch" not in client and "twinkle" not in client
-    assert not any(d.startswith("torch==") for d in _dependencies("twinkle"))  # GPU users need other builds
+    assert not any(
+        d.startswith("torch==") for d in _dependencies("twinkle")
+    )  # GPU users need other builds
 
 
 def test_importing_twinkle_or_the_client_loads_no_torch():
@@ -78,8 +91,16 @@ def test_python_m_twinkle_server_help():
 def test_pip_resolves_no_torch_for_the_client(tmp_path):
     report = tmp_path / "report.json"
     result = _run(
-        sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-        "--report", str(report), str(ROOT / "packages" / "twinkle-client"),
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--dry-run",
+        "--ignore-installed",
+        "--quiet",
+        "--report",
+        str(report),
+        str(ROOT / "packages" / "twinkle-client"),
     )
     assert result.returncode == 0, result.stderr
     names = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
@@ -93,8 +114,16 @@ def test_server_wheel_ships_only_its_subpackage_and_imports(tmp_path, layout):
     wheels = tmp_path / "wheels"
     for dist in ("twinkle", "twinkle-server"):
         result = _run(
-            sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
-            "-w", str(wheels), str(ROOT / "packages" / dist),
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--quiet",
+            "-w",
+            str(wheels),
+            str(ROOT / "packages" / dist),
         )
         assert result.returncode == 0, result.stderr
     (server_wheel,) = wheels.glob("twinkle_server-*.whl")

@@ -21,7 +21,9 @@ def free_port() -> int:
 def serve_in_thread(app, health_path: str = "/api/v1/healthz", timeout_s: float = 20.0):
     """Serve ``app`` on a free loopback port; yields the base URL; stops the server after."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"

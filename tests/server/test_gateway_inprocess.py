@@ -4,7 +4,6 @@ import asyncio
 
 import numpy as np
 import pytest
-
 from inprocess import client, local_server
 
 MODEL = "/api/v1/model/tiny/qwen3"
@@ -26,13 +25,20 @@ def run(coro):
 
 
 async def _train(http, name="default", steps=3):
-    r = await http.post(f"{MODEL}/add_adapter_to_model", json={"adapter_name": name, "config": {"r": 8, "lora_alpha": 16}})
+    r = await http.post(
+        f"{MODEL}/add_adapter_to_model",
+        json={"adapter_name": name, "config": {"r": 8, "lora_alpha": 16}},
+    )
     assert r.status_code == 200, r.text
     run_id = r.json()["result"]["training_run_id"]
-    await http.post(f"{MODEL}/set_optimizer", json={"adapter_name": name, "optimizer": "Adam", "lr": 1e-2})
+    await http.post(
+        f"{MODEL}/set_optimizer", json={"adapter_name": name, "optimizer": "Adam", "lr": 1e-2}
+    )
     losses = []
     for _ in range(steps):
-        r = await http.post(f"{MODEL}/forward_backward", json={"adapter_name": name, "inputs": _features()})
+        r = await http.post(
+            f"{MODEL}/forward_backward", json={"adapter_name": name, "inputs": _features()}
+        )
         assert r.status_code == 200, r.text
         losses.append(r.json()["result"]["loss"])
         r = await http.post(f"{MODEL}/clip_grad_and_step", json={"adapter_name": name})
@@ -64,23 +70,35 @@ def test_training_runs_and_checkpoints_are_per_key(server):
         async with client(server, "alice") as alice, client(server, "bob") as bob:
             run_id, losses = await _train(alice)
             assert losses[-1] < losses[0]
-            r = await alice.post(f"{MODEL}/save", json={"adapter_name": "default", "name": "ck-1", "save_optimizer": True})
+            r = await alice.post(
+                f"{MODEL}/save",
+                json={"adapter_name": "default", "name": "ck-1", "save_optimizer": True},
+            )
             path = r.json()["result"]["path"]
             assert path == f"twinkle://{run_id}/weights/ck-1"
             runs = (await alice.get("/api/v1/training_runs")).json()
             assert [x["training_run_id"] for x in runs["training_runs"]] == [run_id]
-            ckpts = (await alice.get(f"/api/v1/training_runs/{run_id}/checkpoints")).json()["checkpoints"]
+            ckpts = (await alice.get(f"/api/v1/training_runs/{run_id}/checkpoints")).json()[
+                "checkpoints"
+            ]
             assert [c["twinkle_path"] for c in ckpts] == [path]
             # Bob sees nothing of Alice's, and cannot touch it.
             assert (await bob.get("/api/v1/training_runs")).json()["training_runs"] == []
             assert (await bob.get(f"/api/v1/training_runs/{run_id}")).status_code == 404
             assert (await bob.get(f"/api/v1/training_runs/{run_id}/checkpoints")).status_code == 404
-            assert (await bob.delete(f"/api/v1/training_runs/{run_id}/checkpoints/weights/ck-1")).status_code == 404
-            await bob.post(f"{MODEL}/add_adapter_to_model", json={"adapter_name": "default", "config": {"r": 4}})
+            assert (
+                await bob.delete(f"/api/v1/training_runs/{run_id}/checkpoints/weights/ck-1")
+            ).status_code == 404
+            await bob.post(
+                f"{MODEL}/add_adapter_to_model",
+                json={"adapter_name": "default", "config": {"r": 4}},
+            )
             r = await bob.post(f"{MODEL}/load", json={"adapter_name": "default", "path": path})
             assert r.status_code == 404
             # Alice can resume her own checkpoint.
-            r = await alice.post(f"{MODEL}/resume_from_checkpoint", json={"adapter_name": "default", "path": path})
+            r = await alice.post(
+                f"{MODEL}/resume_from_checkpoint", json={"adapter_name": "default", "path": path}
+            )
             assert r.status_code == 200 and r.json()["result"]["cur_step"] == 3
 
     run(scenario())
@@ -92,18 +110,36 @@ def test_training_runs_and_checkpoints_are_per_key(server):
         (b"{not json", 400, "malformed JSON"),
         (b"[1, 2]", 400, "must be an object"),
         (b'{"adapter_name": "default", "inputs": "text"}', 400, "non-empty list"),
-        (b'{"adapter_name": "default", "inputs": [{"input_ids": ["a"]}]}', 400, "not a list of numbers"),
-        (b'{"adapter_name": "default", "inputs": [{"input_ids": [1, 99999999], "labels": [1, 2]}]}', 400, "vocabulary"),
+        (
+            b'{"adapter_name": "default", "inputs": [{"input_ids": ["a"]}]}',
+            400,
+            "not a list of numbers",
+        ),
+        (
+            b'{"adapter_name": "default", "inputs": [{"input_ids": [1, 99999999], "labels": [1, 2]}]}',
+            400,
+            "vocabulary",
+        ),
         (b'{"adapter_name": "nope", "inputs": []}', 404, "unknown adapter"),
     ],
 )
 def test_bad_requests_get_clear_4xx_and_change_nothing(server, body, status, message):
     async def scenario():
         async with client(server, "alice") as alice:
-            await alice.post(f"{MODEL}/add_adapter_to_model", json={"adapter_name": "default", "config": {"r": 4}})
+            await alice.post(
+                f"{MODEL}/add_adapter_to_model",
+                json={"adapter_name": "default", "config": {"r": 4}},
+            )
             service = next(iter(server.services.values()))
-            before = {k: v.clone() for k, v in service.model.adapter_state_dict(next(iter(service.adapters))).items()}
-            r = await alice.post(f"{MODEL}/forward_backward", content=body, headers={"Content-Type": "application/json"})
+            before = {
+                k: v.clone()
+                for k, v in service.model.adapter_state_dict(next(iter(service.adapters))).items()
+            }
+            r = await alice.post(
+                f"{MODEL}/forward_backward",
+                content=body,
+                headers={"Content-Type": "application/json"},
+            )
             assert r.status_code == status and message in r.json()["error"], r.text
             after = service.model.adapter_state_dict(next(iter(service.adapters)))
             assert all((before[k] == after[k]).all() for k in after)

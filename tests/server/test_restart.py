@@ -10,7 +10,6 @@ import httpx
 import numpy as np
 import pytest
 import yaml
-
 from live import free_port
 
 KEY = "restart-key-1"
@@ -23,10 +22,18 @@ def _write_config(tmp_path, persistence):
         "persistence": persistence,
         "storage": {"root": str(tmp_path / "storage")},
         "applications": [
-            {"name": "server", "route_prefix": "/api/v1", "import_path": "server",
-             "args": {"server_config": {"supported_models": ["tiny/qwen3"]}}},
-            {"name": "model", "route_prefix": MODEL, "import_path": "model",
-             "args": {"backend": "transformers", "model_id": "tiny://qwen3"}},
+            {
+                "name": "server",
+                "route_prefix": "/api/v1",
+                "import_path": "server",
+                "args": {"server_config": {"supported_models": ["tiny/qwen3"]}},
+            },
+            {
+                "name": "model",
+                "route_prefix": MODEL,
+                "import_path": "model",
+                "args": {"backend": "transformers", "model_id": "tiny://qwen3"},
+            },
         ],
     }
     path = tmp_path / "config.yaml"
@@ -36,8 +43,12 @@ def _write_config(tmp_path, persistence):
 
 def _start(config_path, url):
     env = {**os.environ, "TWINKLE_SERVER_API_KEYS": KEY}
-    proc = subprocess.Popen([sys.executable, "-m", "twinkle.server", "launch", "-c", str(config_path), "--local"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "twinkle.server", "launch", "-c", str(config_path), "--local"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -61,20 +72,40 @@ def _features():
 def test_sigkill_and_relaunch_keeps_every_record(tmp_path, mode, request):
     persistence = {"mode": "file", "file_path": str(tmp_path / "state.json")}
     if mode == "redis":
-        persistence = {"mode": "redis", "redis_url": request.getfixturevalue("redis_url"), "key_prefix": f"restart-{os.getpid()}:"}
+        persistence = {
+            "mode": "redis",
+            "redis_url": request.getfixturevalue("redis_url"),
+            "key_prefix": f"restart-{os.getpid()}:",
+        }
     config_path, url = _write_config(tmp_path, persistence)
     headers = {"Authorization": f"Bearer {KEY}"}
     proc = _start(config_path, url)
     try:
         with httpx.Client(base_url=url, headers=headers, timeout=60) as http:
-            session = http.post("/api/v1/create_session", json={"tags": ["restart"]}).json()["session_id"]
-            run = http.post(f"{MODEL}/add_adapter_to_model", json={"adapter_name": "a", "config": {"r": 4}, "session_id": session})
+            session = http.post("/api/v1/create_session", json={"tags": ["restart"]}).json()[
+                "session_id"
+            ]
+            run = http.post(
+                f"{MODEL}/add_adapter_to_model",
+                json={"adapter_name": "a", "config": {"r": 4}, "session_id": session},
+            )
             run_id = run.json()["result"]["training_run_id"]
-            http.post(f"{MODEL}/set_optimizer", json={"adapter_name": "a", "optimizer": "Adam", "lr": 1e-2})
+            http.post(
+                f"{MODEL}/set_optimizer",
+                json={"adapter_name": "a", "optimizer": "Adam", "lr": 1e-2},
+            )
             for _ in range(2):
-                assert http.post(f"{MODEL}/forward_backward", json={"adapter_name": "a", "inputs": _features()}).status_code == 200
+                assert (
+                    http.post(
+                        f"{MODEL}/forward_backward",
+                        json={"adapter_name": "a", "inputs": _features()},
+                    ).status_code
+                    == 200
+                )
                 http.post(f"{MODEL}/clip_grad_and_step", json={"adapter_name": "a"})
-            path = http.post(f"{MODEL}/save", json={"adapter_name": "a", "name": "ck", "save_optimizer": True}).json()["result"]["path"]
+            path = http.post(
+                f"{MODEL}/save", json={"adapter_name": "a", "name": "ck", "save_optimizer": True}
+            ).json()["result"]["path"]
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
@@ -82,14 +113,24 @@ def test_sigkill_and_relaunch_keeps_every_record(tmp_path, mode, request):
     proc = _start(config_path, url)
     try:
         with httpx.Client(base_url=url, headers=headers, timeout=60) as http:
-            assert http.post("/api/v1/session_heartbeat", json={"session_id": session}).status_code == 200
+            assert (
+                http.post("/api/v1/session_heartbeat", json={"session_id": session}).status_code
+                == 200
+            )
             runs = http.get("/api/v1/training_runs").json()["training_runs"]
             assert [r["training_run_id"] for r in runs] == [run_id]
-            checkpoints = http.get(f"/api/v1/training_runs/{run_id}/checkpoints").json()["checkpoints"]
+            checkpoints = http.get(f"/api/v1/training_runs/{run_id}/checkpoints").json()[
+                "checkpoints"
+            ]
             assert [c["twinkle_path"] for c in checkpoints] == [path]
             # The adapter itself lived in the killed process; its checkpoint loads into a new one.
-            http.post(f"{MODEL}/add_adapter_to_model", json={"adapter_name": "a2", "config": {"r": 4}, "session_id": session})
-            progress = http.post(f"{MODEL}/resume_from_checkpoint", json={"adapter_name": "a2", "path": path})
+            http.post(
+                f"{MODEL}/add_adapter_to_model",
+                json={"adapter_name": "a2", "config": {"r": 4}, "session_id": session},
+            )
+            progress = http.post(
+                f"{MODEL}/resume_from_checkpoint", json={"adapter_name": "a2", "path": path}
+            )
             assert progress.status_code == 200, progress.text
             assert progress.json()["result"]["cur_step"] == 2
     finally:

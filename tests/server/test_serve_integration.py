@@ -6,7 +6,6 @@ import os
 import httpx
 import numpy as np
 import pytest
-
 from inprocess import KEYS, config_dict
 from live import free_port
 
@@ -29,8 +28,13 @@ def serve_url(tmp_path_factory):
     data["storage"] = {"root": str(tmp_path_factory.mktemp("serve-storage"))}
     config = parse_config(data)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
-             namespace=f"twinkle-test-{os.getpid()}")
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+        namespace=f"twinkle-test-{os.getpid()}",
+    )
     try:
         url = deploy(config, ready_timeout_s=180)
         yield url.rsplit("/api/v1", 1)[0]
@@ -45,13 +49,21 @@ def _features(seed):
 
 
 def _tenant(url, who, steps=4):
-    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {KEYS[who]}"}, timeout=120) as http:
-        r = http.post(f"{MODEL}/add_adapter_to_model", json={"adapter_name": "main", "config": {"r": 8}})
+    with httpx.Client(
+        base_url=url, headers={"Authorization": f"Bearer {KEYS[who]}"}, timeout=120
+    ) as http:
+        r = http.post(
+            f"{MODEL}/add_adapter_to_model", json={"adapter_name": "main", "config": {"r": 8}}
+        )
         assert r.status_code == 200, r.text
-        http.post(f"{MODEL}/set_optimizer", json={"adapter_name": "main", "optimizer": "Adam", "lr": 2e-2})
+        http.post(
+            f"{MODEL}/set_optimizer", json={"adapter_name": "main", "optimizer": "Adam", "lr": 2e-2}
+        )
         losses = []
         for _ in range(steps):
-            r = http.post(f"{MODEL}/forward_backward", json={"adapter_name": "main", "inputs": _features(1)})
+            r = http.post(
+                f"{MODEL}/forward_backward", json={"adapter_name": "main", "inputs": _features(1)}
+            )
             assert r.status_code == 200, r.text
             losses.append(r.json()["result"]["loss"])
             http.post(f"{MODEL}/clip_grad_and_step", json={"adapter_name": "main"})
@@ -63,17 +75,27 @@ def _tenant(url, who, steps=4):
 
 def test_two_tenants_train_concurrently_and_sample_with_their_adapters(serve_url):
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        (alice_losses, alice_path), (bob_losses, bob_path) = pool.map(lambda w: _tenant(serve_url, w), ["alice", "bob"])
+        (alice_losses, alice_path), (bob_losses, bob_path) = pool.map(
+            lambda w: _tenant(serve_url, w), ["alice", "bob"]
+        )
     assert alice_losses[-1] < alice_losses[0] and bob_losses[-1] < bob_losses[0]
-    with httpx.Client(base_url=serve_url, headers={"X-API-Key": KEYS["alice"]}, timeout=120) as http:
+    with httpx.Client(
+        base_url=serve_url, headers={"X-API-Key": KEYS["alice"]}, timeout=120
+    ) as http:
         status = http.get(f"{MODEL}/status").json()
         assert status["adapters"] == 2
         runs = http.get("/api/v1/training_runs").json()["training_runs"]
         assert len(runs) == 1  # only Alice's own run
-        body = {"inputs": [[5, 6, 7]], "adapter_uri": alice_path, "sampling_params": {"max_tokens": 4, "seed": 1}}
+        body = {
+            "inputs": [[5, 6, 7]],
+            "adapter_uri": alice_path,
+            "sampling_params": {"max_tokens": 4, "seed": 1},
+        }
         r = http.post(f"{SAMPLER}/sample", json=body)
         assert r.status_code == 200, r.text
         assert len(r.json()["result"]["results"][0]["sequences"][0]["tokens"]) <= 4
-        assert http.post(f"{SAMPLER}/sample", json={**body, "adapter_uri": bob_path}).status_code == 404
+        assert (
+            http.post(f"{SAMPLER}/sample", json={**body, "adapter_uri": bob_path}).status_code
+            == 404
+        )
         assert http.get("/api/v1/training_runs", headers={"X-API-Key": "nope"}).status_code == 401
-

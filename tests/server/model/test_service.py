@@ -30,8 +30,13 @@ def shared_model():
 def service(shared_model, tmp_path):
     for name in list(shared_model.tenants):
         shared_model.remove_adapter(name)
-    return ModelService(shared_model, "tiny/qwen3", InMemoryRunRegistry(tmp_path), max_loras=3,
-                        per_token_model_limit=2)
+    return ModelService(
+        shared_model,
+        "tiny/qwen3",
+        InMemoryRunRegistry(tmp_path),
+        max_loras=3,
+        per_token_model_limit=2,
+    )
 
 
 def run(coro):
@@ -39,16 +44,24 @@ def run(coro):
 
 
 async def _setup(service, owner, name, rank=8, lr=1e-2):
-    await service.call(owner, "add_adapter_to_model", {"adapter_name": name, "config": {"r": rank, "lora_alpha": 2 * rank}})
-    await service.call(owner, "set_optimizer", {"adapter_name": name, "optimizer": "Adam", "lr": lr})
+    await service.call(
+        owner,
+        "add_adapter_to_model",
+        {"adapter_name": name, "config": {"r": rank, "lora_alpha": 2 * rank}},
+    )
+    await service.call(
+        owner, "set_optimizer", {"adapter_name": name, "optimizer": "Adam", "lr": lr}
+    )
 
 
 def test_concurrent_tenants_are_fused_and_match_separate_results(service):
     async def scenario():
         await _setup(service, "alice", "default")
         await _setup(service, "bob", "default", rank=16)
-        calls = [service.call(o, "forward_backward", {"adapter_name": "default", "inputs": _features(i)})
-                 for i, o in enumerate(["alice", "bob"])]
+        calls = [
+            service.call(o, "forward_backward", {"adapter_name": "default", "inputs": _features(i)})
+            for i, o in enumerate(["alice", "bob"])
+        ]
         fused = await asyncio.gather(*calls)
         return fused
 
@@ -64,10 +77,14 @@ def test_same_adapter_name_under_two_keys_is_two_tenants(service):
         await _setup(service, "alice", "default")
         await _setup(service, "bob", "default")
         for _ in range(5):
-            await service.call("alice", "forward_backward", {"adapter_name": "default", "inputs": _features(1)})
+            await service.call(
+                "alice", "forward_backward", {"adapter_name": "default", "inputs": _features(1)}
+            )
             await service.call("alice", "clip_grad_and_step", {"adapter_name": "default"})
-        return (await service.call("alice", "calculate_metric", {"adapter_name": "default"}),
-                await service.call("bob", "calculate_metric", {"adapter_name": "default"}))
+        return (
+            await service.call("alice", "calculate_metric", {"adapter_name": "default"}),
+            await service.call("bob", "calculate_metric", {"adapter_name": "default"}),
+        )
 
     alice, bob = run(scenario())
     assert alice["result"]["step"] == 5 and bob["result"]["step"] == 0
@@ -77,21 +94,33 @@ def test_errors_are_clear_and_scoped(service):
     async def scenario():
         await _setup(service, "alice", "a1")
         with pytest.raises(NotFound, match="unknown adapter 'a1'"):
-            await service.call("bob", "forward_backward", {"adapter_name": "a1", "inputs": _features(0)})
+            await service.call(
+                "bob", "forward_backward", {"adapter_name": "a1", "inputs": _features(0)}
+            )
         with pytest.raises(NotFound, match="unknown operation"):
             await service.call("alice", "rm_rf", {"adapter_name": "a1"})
         with pytest.raises(BadRequest, match="already exists"):
-            await service.call("alice", "add_adapter_to_model", {"adapter_name": "a1", "config": {"r": 4}})
+            await service.call(
+                "alice", "add_adapter_to_model", {"adapter_name": "a1", "config": {"r": 4}}
+            )
         with pytest.raises(BadRequest, match="max_lora_rank"):
-            await service.call("alice", "add_adapter_to_model", {"adapter_name": "big", "config": {"r": 512}})
+            await service.call(
+                "alice", "add_adapter_to_model", {"adapter_name": "big", "config": {"r": 512}}
+            )
         with pytest.raises(BadRequest, match="neither input_ids nor messages"):
-            await service.call("alice", "forward_backward", {"adapter_name": "a1", "inputs": [{"x": 1}]})
+            await service.call(
+                "alice", "forward_backward", {"adapter_name": "a1", "inputs": [{"x": 1}]}
+            )
         with pytest.raises(BadRequest, match="by name"):
-            await service.call("alice", "set_loss", {"adapter_name": "a1", "loss": {"code": "evil"}})
+            await service.call(
+                "alice", "set_loss", {"adapter_name": "a1", "loss": {"code": "evil"}}
+            )
         with pytest.raises(BadRequest, match="invalid checkpoint name"):
             await service.call("alice", "save", {"adapter_name": "a1", "name": "../../etc"})
         with pytest.raises(NotFound):
-            await service.call("alice", "load", {"adapter_name": "a1", "path": "twinkle://other-run/weights/x"})
+            await service.call(
+                "alice", "load", {"adapter_name": "a1", "path": "twinkle://other-run/weights/x"}
+            )
         with pytest.raises(BadRequest, match="step"):
             await service.call("alice", "clip_grad_and_step", {"adapter_name": "a1"})
 
@@ -120,11 +149,15 @@ def test_rate_limits_answer_429_with_retry_after(service):
     async def scenario():
         await _setup(service, "alice", "a1")
         with pytest.raises(BadRequest, match="max_input_tokens=30"):
-            await service.call("alice", "forward_only", {"adapter_name": "a1", "inputs": _features(0, rows=3)})
+            await service.call(
+                "alice", "forward_only", {"adapter_name": "a1", "inputs": _features(0, rows=3)}
+            )
         await service.call("alice", "forward_only", {"adapter_name": "a1", "inputs": _features(0)})
         await service.call("alice", "forward_only", {"adapter_name": "a1", "inputs": _features(0)})
         with pytest.raises(RateLimited) as info:
-            await service.call("alice", "forward_only", {"adapter_name": "a1", "inputs": _features(0)})
+            await service.call(
+                "alice", "forward_only", {"adapter_name": "a1", "inputs": _features(0)}
+            )
         assert info.value.retry_after == pytest.approx(0.5)
         now[0] += 0.5
         await service.call("alice", "forward_only", {"adapter_name": "a1", "inputs": _features(0)})
@@ -144,7 +177,9 @@ def test_idle_adapters_are_unloaded_with_a_clear_message(service):
         clock[0] += 31
         assert await service.sweep() == ["a1"]
         with pytest.raises(NotFound, match="unloaded .*adapter_timeout=30"):
-            await service.call("alice", "forward_only", {"adapter_name": "a1", "inputs": _features(0)})
+            await service.call(
+                "alice", "forward_only", {"adapter_name": "a1", "inputs": _features(0)}
+            )
 
     run(scenario())
 
@@ -152,11 +187,17 @@ def test_idle_adapters_are_unloaded_with_a_clear_message(service):
 def test_save_and_resume_through_twinkle_paths(service):
     async def scenario():
         await _setup(service, "alice", "a1")
-        await service.call("alice", "forward_backward", {"adapter_name": "a1", "inputs": _features(0)})
+        await service.call(
+            "alice", "forward_backward", {"adapter_name": "a1", "inputs": _features(0)}
+        )
         await service.call("alice", "clip_grad_and_step", {"adapter_name": "a1"})
-        saved = await service.call("alice", "save", {"adapter_name": "a1", "name": "ck-1", "save_optimizer": True})
+        saved = await service.call(
+            "alice", "save", {"adapter_name": "a1", "name": "ck-1", "save_optimizer": True}
+        )
         assert saved["path"].startswith("twinkle://a1-") and saved["path"].endswith("/weights/ck-1")
-        progress = await service.call("alice", "resume_from_checkpoint", {"adapter_name": "a1", "path": saved["path"]})
+        progress = await service.call(
+            "alice", "resume_from_checkpoint", {"adapter_name": "a1", "path": saved["path"]}
+        )
         assert progress["cur_step"] == 1
         await _setup(service, "bob", "b1")
         with pytest.raises(NotFound):

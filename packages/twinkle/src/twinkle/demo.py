@@ -33,7 +33,10 @@ def _sft_dataloader(model_id: str, batch_size: int):
 
     dataset = Dataset(dataset_meta=DatasetMeta("builtin://self-cognition"))
     dataset.set_template("Qwen3_5Template", model_id=model_id, max_length=256)
-    dataset.map("SelfCognitionProcessor", init_args={"model_name": "Twinkle", "model_author": "the Twinkle team"})
+    dataset.map(
+        "SelfCognitionProcessor",
+        init_args={"model_name": "Twinkle", "model_author": "the Twinkle team"},
+    )
     dataset.encode(batched=True)
     return DataLoader(dataset=dataset, batch_size=batch_size, shuffle=True, seed=0)
 
@@ -67,13 +70,21 @@ def _save_curves(history: dict[str, list[float]], path: Path) -> Path | None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        logger.warning("matplotlib is not installed: no loss-curve picture (pip install matplotlib)")
+        logger.warning(
+            "matplotlib is not installed: no loss-curve picture (pip install matplotlib)"
+        )
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
     for tenant, losses in history.items():
         steps = range(1, len(losses) + 1)
         line = ax.plot(steps, losses, alpha=0.3, linewidth=0.8)[0]
-        ax.plot(steps, _smooth(losses), color=line.get_color(), linewidth=2, label=f"{tenant} (moving average)")
+        ax.plot(
+            steps,
+            _smooth(losses),
+            color=line.get_color(),
+            linewidth=2,
+            label=f"{tenant} (moving average)",
+        )
     ax.set_xlabel("step")
     ax.set_ylabel("training loss")
     ax.set_title("Twinkle demo: two tenants on one shared base model")
@@ -93,28 +104,38 @@ def _next_batch(iterators: dict, loaders: dict, name: str):
         return next(iterators[name])
 
 
-def run(model_id: str, steps: int, output_dir: Path, batch_size: int = 4, log_every: int = 20) -> dict[str, list[float]]:
+def run(
+    model_id: str, steps: int, output_dir: Path, batch_size: int = 4, log_every: int = 20
+) -> dict[str, list[float]]:
     """Train both tenants; returns each tenant's per-step loss history."""
     from peft import LoraConfig
 
     from twinkle.model import MultiLoraTransformersModel
 
     started = time.perf_counter()
-    loaders = {"tenant_a": _sft_dataloader(model_id, batch_size), "tenant_b": _pretrain_dataloader(model_id, batch_size)}
+    loaders = {
+        "tenant_a": _sft_dataloader(model_id, batch_size),
+        "tenant_b": _pretrain_dataloader(model_id, batch_size),
+    }
     model = MultiLoraTransformersModel(model_id=model_id)
 
-    model.add_adapter_to_model("tenant_a", LoraConfig(r=8, lora_alpha=32, target_modules="all-linear"))
+    model.add_adapter_to_model(
+        "tenant_a", LoraConfig(r=8, lora_alpha=32, target_modules="all-linear")
+    )
     model.set_template("Qwen3_5Template", adapter_name="tenant_a")
     model.set_processor("InputProcessor", padding_side="right", adapter_name="tenant_a")
     model.set_loss("CrossEntropyLoss", adapter_name="tenant_a")
     model.set_optimizer("Adam", lr=1e-2, adapter_name="tenant_a")
 
-    model.add_adapter_to_model("tenant_b", LoraConfig(r=32, lora_alpha=64, target_modules="all-linear"))
+    model.add_adapter_to_model(
+        "tenant_b", LoraConfig(r=32, lora_alpha=64, target_modules="all-linear")
+    )
     model.set_template("Qwen3_5Template", adapter_name="tenant_b")
     model.set_loss("CrossEntropyLoss", reduction="sum", adapter_name="tenant_b")
     model.set_optimizer("AdamW", lr=5e-3, weight_decay=0.01, adapter_name="tenant_b")
-    model.set_lr_scheduler("cosine", num_warmup_steps=5, num_training_steps=steps,
-                           adapter_name="tenant_b")
+    model.set_lr_scheduler(
+        "cosine", num_warmup_steps=5, num_training_steps=steps, adapter_name="tenant_b"
+    )
 
     history: dict[str, list[float]] = {name: [] for name in loaders}
     iterators = {name: iter(loader) for name, loader in loaders.items()}
@@ -135,8 +156,13 @@ def run(model_id: str, steps: int, output_dir: Path, batch_size: int = 4, log_ev
                     f"(first {history[name][0]:.4f}) token_acc {metric['token_acc'] or 0.0:.3f} lr {metric['lr']:.2e}"
                 )
     for name, loader in loaders.items():
-        path = model.save(f"step-{steps}", output_dir=output_dir / name, save_optimizer=True,
-                          consumed_train_samples=loader.get_state()["consumed_train_samples"], adapter_name=name)
+        path = model.save(
+            f"step-{steps}",
+            output_dir=output_dir / name,
+            save_optimizer=True,
+            consumed_train_samples=loader.get_state()["consumed_train_samples"],
+            adapter_name=name,
+        )
         logger.info("saved %s checkpoint: %s", name, path)
     picture = _save_curves(history, output_dir / "loss_curves.png")
     if picture:
@@ -146,18 +172,28 @@ def run(model_id: str, steps: int, output_dir: Path, batch_size: int = 4, log_ev
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model-id", default="tiny://qwen3.5")
     parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--local", action="store_true", help="train in this process, without a server")
-    parser.add_argument("--output-dir", type=Path, default=Path(os.environ.get("TWINKLE_OUTPUT_DIR", "output")) / "demo")
+    parser.add_argument(
+        "--local", action="store_true", help="train in this process, without a server"
+    )
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        default=Path(os.environ.get("TWINKLE_OUTPUT_DIR", "output")) / "demo",
+    )
     args = parser.parse_args(argv)
     try:
         from twinkle.server import demo as served
     except ImportError:
         served = None
         if not args.local:
-            logger.info("twinkle-server is not installed: running the demo in this process (--local)")
+            logger.info(
+                "twinkle-server is not installed: running the demo in this process (--local)"
+            )
     if served is not None and not args.local:
         history = served.run(args.steps, args.output_dir)
     else:

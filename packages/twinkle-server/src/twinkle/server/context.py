@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from twinkle.server.config import ApplicationConfig, ServerArgs, ServerConfig
-from twinkle.server.web import Authenticator, authenticator_from
 from twinkle.server.state import ServerState
+from twinkle.server.web import Authenticator, authenticator_from
 
 
 @dataclass
@@ -50,5 +50,7 @@ def build_context(config: ServerConfig | dict[str, Any], store: Any = None) -> S
     return ServerContext(config, state, authenticator_from(auth), gateway_args(config))
 
 
-def application(config: ServerConfig | dict[str, Any], app: ApplicationConfig | dict[str, Any]) -> ApplicationConfig:
+def application(
+    config: ServerConfig | dict[str, Any], app: ApplicationConfig | dict[str, Any]
+) -> ApplicationConfig:
     return app if isinstance(app, ApplicationConfig) else ApplicationConfig.model_validate(app)

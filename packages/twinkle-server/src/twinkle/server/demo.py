@@ -33,12 +33,27 @@ def demo_config(port: int, storage_root: Path) -> dict[str, Any]:
         "auth": {"api_keys": list(KEYS.values())},
         "storage": {"root": str(storage_root)},
         "applications": [
-            {"name": "server", "route_prefix": "/api/v1", "import_path": "server",
-             "args": {"server_config": {"supported_models": ["tiny/qwen3.5"]}}, "deployments": actor},
-            {"name": "models-tiny-qwen3.5", "route_prefix": "/api/v1/model/tiny/qwen3.5", "import_path": "model",
-             "args": {"backend": "transformers", "model_id": MODEL_ID, "max_length": 512}, "deployments": actor},
-            {"name": "sampler-tiny-qwen3.5", "route_prefix": "/api/v1/sampler/tiny/qwen3.5", "import_path": "sampler",
-             "args": {"model_id": MODEL_ID, "sampler_type": "torch"}, "deployments": actor},
+            {
+                "name": "server",
+                "route_prefix": "/api/v1",
+                "import_path": "server",
+                "args": {"server_config": {"supported_models": ["tiny/qwen3.5"]}},
+                "deployments": actor,
+            },
+            {
+                "name": "models-tiny-qwen3.5",
+                "route_prefix": "/api/v1/model/tiny/qwen3.5",
+                "import_path": "model",
+                "args": {"backend": "transformers", "model_id": MODEL_ID, "max_length": 512},
+                "deployments": actor,
+            },
+            {
+                "name": "sampler-tiny-qwen3.5",
+                "route_prefix": "/api/v1/sampler/tiny/qwen3.5",
+                "import_path": "sampler",
+                "args": {"model_id": MODEL_ID, "sampler_type": "torch"},
+                "deployments": actor,
+            },
         ],
     }
 
@@ -58,8 +73,13 @@ def _start(config: dict[str, Any]) -> str:
     from twinkle.server.launch import deploy
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, _node_ip_address="127.0.0.1",
-             log_to_driver=False, namespace=f"twinkle-demo-{os.getpid()}")
+    ray.init(
+        num_cpus=os.cpu_count() or 2,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+        namespace=f"twinkle-demo-{os.getpid()}",
+    )
     url = deploy(parse_config(config), ready_timeout_s=300)
     return url.rsplit("/api/v1", 1)[0]
 
@@ -72,7 +92,9 @@ def _stop() -> None:
     ray.shutdown()
 
 
-def _tenant(name: str, url: str, loader, steps: int, position: int, history: list[float], paths: dict) -> None:
+def _tenant(
+    name: str, url: str, loader, steps: int, position: int, history: list[float], paths: dict
+) -> None:
     from peft import LoraConfig
 
     from twinkle_client.client import TwinkleClient
@@ -81,19 +103,25 @@ def _tenant(name: str, url: str, loader, steps: int, position: int, history: lis
     with TwinkleClient(url, KEYS[name]) as client:
         model = MultiLoraTransformersModel(model_id=MODEL_ID, client=client)
         if name == "tenant_a":
-            model.add_adapter_to_model(name, LoraConfig(r=8, lora_alpha=32, target_modules="all-linear"))
+            model.add_adapter_to_model(
+                name, LoraConfig(r=8, lora_alpha=32, target_modules="all-linear")
+            )
             model.set_template("Qwen3_5Template")
             model.set_processor("InputProcessor", padding_side="right")
             model.set_loss("CrossEntropyLoss")
             model.set_optimizer("Adam", lr=1e-2)
         else:
-            model.add_adapter_to_model(name, LoraConfig(r=32, lora_alpha=64, target_modules="all-linear"))
+            model.add_adapter_to_model(
+                name, LoraConfig(r=32, lora_alpha=64, target_modules="all-linear")
+            )
             model.set_loss("CrossEntropyLoss", reduction="sum")
             model.set_optimizer("AdamW", lr=5e-3, weight_decay=0.01)
             model.set_lr_scheduler("cosine", num_warmup_steps=5, num_training_steps=steps)
         iterator = iter(loader)
-        bar = tqdm(range(1, steps + 1), desc=f"{name} (served)", position=position, unit="step", leave=True)
-        for step in bar:
+        bar = tqdm(
+            range(1, steps + 1), desc=f"{name} (served)", position=position, unit="step", leave=True
+        )
+        for _ in bar:
             try:
                 batch = next(iterator)
             except StopIteration:
@@ -105,10 +133,15 @@ def _tenant(name: str, url: str, loader, steps: int, position: int, history: lis
             history.append(out["loss"] / (tokens if name == "tenant_b" else 1))
             bar.set_postfix(loss=f"{history[-1]:.3f}")
         metric = model.calculate_metric(is_training=True).result
-        paths[name] = model.save(f"step-{steps}", save_optimizer=True,
-                                 consumed_train_samples=loader.get_state()["consumed_train_samples"])
-        tqdm.write(f"{name}: loss/token {history[0]:.3f} -> {history[-1]:.3f}, step {metric['step']}, "
-                   f"checkpoint {paths[name]}")
+        paths[name] = model.save(
+            f"step-{steps}",
+            save_optimizer=True,
+            consumed_train_samples=loader.get_state()["consumed_train_samples"],
+        )
+        tqdm.write(
+            f"{name}: loss/token {history[0]:.3f} -> {history[-1]:.3f}, step {metric['step']}, "
+            f"checkpoint {paths[name]}"
+        )
 
 
 def _sample(url: str, adapter_path: str) -> str:
@@ -119,8 +152,11 @@ def _sample(url: str, adapter_path: str) -> str:
         sampler = TorchSampler(model_id=MODEL_ID)
         sampler.set_template("Qwen3_5Template")
         prompt = {"messages": [{"role": "user", "content": "Who are you?"}]}
-        (result,) = sampler.sample([prompt], sampling_params={"max_tokens": 32, "temperature": 0.0},
-                                   adapter_uri=adapter_path)
+        (result,) = sampler.sample(
+            [prompt],
+            sampling_params={"max_tokens": 32, "temperature": 0.0},
+            adapter_uri=adapter_path,
+        )
         return result.sequences[0].text
 
 
@@ -129,7 +165,10 @@ def run(steps: int, output_dir: Path) -> dict[str, list[float]]:
     from twinkle.demo import _pretrain_dataloader, _save_curves, _sft_dataloader
 
     output_dir.mkdir(parents=True, exist_ok=True)
-    loaders = {"tenant_a": _sft_dataloader(MODEL_ID, 4), "tenant_b": _pretrain_dataloader(MODEL_ID, 4)}
+    loaders = {
+        "tenant_a": _sft_dataloader(MODEL_ID, 4),
+        "tenant_b": _pretrain_dataloader(MODEL_ID, 4),
+    }
     started = time.perf_counter()
     logger.info("starting the tiny Twinkle server on Ray Serve ...")
     url = _start(demo_config(_free_port(), output_dir / "server-storage"))
@@ -138,7 +177,9 @@ def run(steps: int, output_dir: Path) -> dict[str, list[float]]:
     paths: dict[str, str] = {}
     try:
         threads = [
-            threading.Thread(target=_tenant, args=(name, url, loader, steps, i, history[name], paths))
+            threading.Thread(
+                target=_tenant, args=(name, url, loader, steps, i, history[name], paths)
+            )
             for i, (name, loader) in enumerate(loaders.items())
         ]
         for thread in threads:
@@ -147,7 +188,9 @@ def run(steps: int, output_dir: Path) -> dict[str, list[float]]:
             thread.join()
         if set(paths) != set(loaders):
             raise RuntimeError("a tenant failed; see the error above")
-        logger.info("tenant_a's adapter answers 'Who are you?': %r", _sample(url, paths["tenant_a"]))
+        logger.info(
+            "tenant_a's adapter answers 'Who are you?': %r", _sample(url, paths["tenant_a"])
+        )
     finally:
         logger.info("shutting the server down")
         _stop()

@@ -76,4 +76,11 @@ def from_exception(exc: BaseException) -> ServiceError:
     return ServiceError(f"{type(exc).__name__}: {exc}")
 
 
-_BY_STATUS = {400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict, 410: Gone}
+_BY_STATUS = {
+    400: BadRequest,
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    410: Gone,
+}

@@ -13,10 +13,22 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
-from twinkle.server.config import ModelArgs, ProcessorArgs, SamplerArgs, ServerArgs, ServerConfig, base_model_name
+from twinkle.server.config import (
+    ModelArgs,
+    ProcessorArgs,
+    SamplerArgs,
+    ServerArgs,
+    ServerConfig,
+    base_model_name,
+)
 from twinkle.server.context import ServerContext, build_context
 from twinkle.server.gateway.backends import Backends, LocalClient
-from twinkle.server.telemetry import TracedClient, TracedService, publish_resource_gauges, setup_telemetry
+from twinkle.server.telemetry import (
+    TracedClient,
+    TracedService,
+    publish_resource_gauges,
+    setup_telemetry,
+)
 
 
 @dataclass
@@ -45,21 +57,42 @@ def build_local_server(config: ServerConfig, store: Any = None) -> LocalServer:
         args = app_config.args
         if isinstance(args, ModelArgs):
             service = build_service(app_config, ctx)
-            backends.models[base_model_name(args.model_id)] = TracedClient(LocalClient(TracedService(service, "Model")))
+            backends.models[base_model_name(args.model_id)] = TracedClient(
+                LocalClient(TracedService(service, "Model"))
+            )
             backends.max_context[base_model_name(args.model_id)] = args.max_length
-            mounts.append((app_config.route_prefix, create_model_app(service, ctx.authenticate, ctx.server_args.max_request_bytes)))
+            mounts.append(
+                (
+                    app_config.route_prefix,
+                    create_model_app(service, ctx.authenticate, ctx.server_args.max_request_bytes),
+                )
+            )
             services[app_config.name] = service
         elif isinstance(args, SamplerArgs):
             from twinkle.server.sampler.deployment import build_sampler_service, create_sampler_app
 
             service = build_sampler_service(app_config, ctx)
-            backends.samplers[base_model_name(args.model_id)] = TracedClient(LocalClient(TracedService(service, "Sampler")))
-            mounts.append((app_config.route_prefix, create_sampler_app(service, ctx.authenticate, ctx.server_args.max_request_bytes)))
+            backends.samplers[base_model_name(args.model_id)] = TracedClient(
+                LocalClient(TracedService(service, "Sampler"))
+            )
+            mounts.append(
+                (
+                    app_config.route_prefix,
+                    create_sampler_app(
+                        service, ctx.authenticate, ctx.server_args.max_request_bytes
+                    ),
+                )
+            )
             services[app_config.name] = service
         elif isinstance(args, ProcessorArgs):
             from twinkle.server.processor.app import create_processor_app
 
-            mounts.append((app_config.route_prefix, create_processor_app(ctx.authenticate, ctx.server_args.max_request_bytes)))
+            mounts.append(
+                (
+                    app_config.route_prefix,
+                    create_processor_app(ctx.authenticate, ctx.server_args.max_request_bytes),
+                )
+            )
     for app_config in config.applications:
         if app_config.import_path == "server" or isinstance(app_config.args, ServerArgs):
             mounts.append((app_config.route_prefix, create_gateway_app(ctx, backends)))

@@ -32,7 +32,9 @@ class RayActorStore(KVStore):
 
         super().__init__(key_prefix)
         actor_cls = ray.remote(num_cpus=0)(_StoreActor)
-        self._actor = actor_cls.options(name=ACTOR_NAME, get_if_exists=True, lifetime="detached").remote(key_prefix)
+        self._actor = actor_cls.options(
+            name=ACTOR_NAME, get_if_exists=True, lifetime="detached"
+        ).remote(key_prefix)
         self._ray = ray
 
     def _call(self, method: str, *args: Any) -> Any:

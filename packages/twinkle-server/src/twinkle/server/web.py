@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from twinkle.server.errors import BadRequest, PayloadTooLarge, ServiceError, Unauthorized, from_exception
+from twinkle.server.errors import (
+    BadRequest,
+    PayloadTooLarge,
+    ServiceError,
+    Unauthorized,
+    from_exception,
+)
 
 Authenticator = Callable[[Any], str]
 """Takes the request headers, returns the tenant id, raises ``Unauthorized``."""
@@ -43,7 +50,9 @@ async def read_json(request: Request, max_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     """The request's JSON object body, refusing oversized or malformed bodies with a clear 4xx."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise PayloadTooLarge(f"request body of {declared} bytes is over the limit of {max_bytes} bytes")
+        raise PayloadTooLarge(
+            f"request body of {declared} bytes is over the limit of {max_bytes} bytes"
+        )
     body = bytearray()
     async for chunk in request.stream():
         body.extend(chunk)

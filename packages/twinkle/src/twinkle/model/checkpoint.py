@@ -82,7 +82,11 @@ def read_json(path: Path) -> dict[str, Any]:
 def capture_rng_state() -> dict[str, Any]:
     import torch
 
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
@@ -100,6 +104,9 @@ def require_checkpoint(path: str | os.PathLike) -> Path:
         FileNotFoundError: When the directory or its adapter files are missing.
     """
     directory = Path(path)
-    if not (directory / ADAPTER_WEIGHTS).is_file() and not (directory / "model.safetensors").is_file():
+    if (
+        not (directory / ADAPTER_WEIGHTS).is_file()
+        and not (directory / "model.safetensors").is_file()
+    ):
         raise FileNotFoundError(f"{directory} is not a checkpoint: no {ADAPTER_WEIGHTS} in it")
     return directory

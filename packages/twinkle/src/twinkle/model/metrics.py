@@ -26,7 +26,9 @@ class MetricAccumulator:
     tokens: int = 0
     extra: dict[str, float] = field(default_factory=dict)
 
-    def add(self, loss: float, correct: int, tokens: int, extra: dict[str, float] | None = None) -> None:
+    def add(
+        self, loss: float, correct: int, tokens: int, extra: dict[str, float] | None = None
+    ) -> None:
         self.loss_sum += loss
         self.batches += 1
         self.correct += correct

@@ -16,7 +16,9 @@ OPTIMIZERS = {
 }
 
 
-def build_optimizer(spec: Any, params: list[torch.nn.Parameter], **kwargs: Any) -> torch.optim.Optimizer:
+def build_optimizer(
+    spec: Any, params: list[torch.nn.Parameter], **kwargs: Any
+) -> torch.optim.Optimizer:
     """An optimizer from a name in :data:`OPTIMIZERS` or a ``torch.optim.Optimizer`` subclass.
 
     Raises:
@@ -29,12 +31,18 @@ def build_optimizer(spec: Any, params: list[torch.nn.Parameter], **kwargs: Any) 
     elif isinstance(spec, type) and issubclass(spec, torch.optim.Optimizer):
         cls = spec
     else:
-        raise TypeError(f"optimizer must be a name or a torch.optim.Optimizer subclass, got {spec!r}")
+        raise TypeError(
+            f"optimizer must be a name or a torch.optim.Optimizer subclass, got {spec!r}"
+        )
     lr = kwargs.get("lr", 1e-4)
     if not isinstance(lr, (int, float)) or lr <= 0:
         raise ValueError(f"learning rate must be > 0, got {lr!r}")
     kwargs["lr"] = lr
-    if cls in (torch.optim.Adam, torch.optim.AdamW) and "fused" not in kwargs and "foreach" not in kwargs:
+    if (
+        cls in (torch.optim.Adam, torch.optim.AdamW)
+        and "fused" not in kwargs
+        and "foreach" not in kwargs
+    ):
         # One fused kernel per step instead of several per parameter: ~4x cheaper per tenant step
         # on CPU (measured in bench/multi_tenant_train.py), which matters with many small tenants.
         kwargs["fused"] = True
@@ -45,11 +53,15 @@ def _constant():
     return lambda step: 1.0
 
 
-def _cosine_with_warmup(num_warmup_steps: int = 0, num_training_steps: int = 1000, min_lr_ratio: float = 0.0):
+def _cosine_with_warmup(
+    num_warmup_steps: int = 0, num_training_steps: int = 1000, min_lr_ratio: float = 0.0
+):
     def factor(step: int) -> float:
         if step < num_warmup_steps:
             return (step + 1) / max(1, num_warmup_steps)
-        progress = min(1.0, (step - num_warmup_steps) / max(1, num_training_steps - num_warmup_steps))
+        progress = min(
+            1.0, (step - num_warmup_steps) / max(1, num_training_steps - num_warmup_steps)
+        )
         return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor

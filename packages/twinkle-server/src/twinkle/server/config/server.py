@@ -67,7 +67,8 @@ class AuthConfig(StrictModel):
     api_keys_file: str | None = None
     api_keys_env: str = "TWINKLE_SERVER_API_KEYS"
     allow_anonymous: bool = Field(
-        default=False, description="accept requests without a key as tenant 'anonymous' (local development only)"
+        default=False,
+        description="accept requests without a key as tenant 'anonymous' (local development only)",
     )
 
     def resolve_api_keys(self) -> list[str]:

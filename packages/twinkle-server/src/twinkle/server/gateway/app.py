@@ -40,11 +40,15 @@ async def expire_sessions(ctx: ServerContext, backends: Backends) -> list[str]:
             if unload is not None:
                 names = await unload(session.session_id)
                 if names:
-                    logger.info("session %s expired: unloaded %s", session.session_id, ", ".join(names))
+                    logger.info(
+                        "session %s expired: unloaded %s", session.session_id, ", ".join(names)
+                    )
     return [s.session_id for s in expired]
 
 
-async def housekeeping_forever(ctx: ServerContext, backends: Backends, interval_s: float = 10.0) -> None:
+async def housekeeping_forever(
+    ctx: ServerContext, backends: Backends, interval_s: float = 10.0
+) -> None:
     """Session expiry, checkpoint TTLs and old futures, every ``interval_s`` seconds."""
     import shutil
 

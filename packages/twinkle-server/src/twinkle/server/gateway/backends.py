@@ -66,10 +66,14 @@ class Backends:
 
     def model(self, base_model: str) -> OperationClient:
         if base_model not in self.models:
-            raise NotFound(f"unknown base model {base_model!r}; this server trains: {', '.join(self.models) or 'none'}")
+            raise NotFound(
+                f"unknown base model {base_model!r}; this server trains: {', '.join(self.models) or 'none'}"
+            )
         return self.models[base_model]
 
     def sampler(self, base_model: str) -> OperationClient:
         if base_model not in self.samplers:
-            raise NotFound(f"no sampler for base model {base_model!r}; samplers: {', '.join(self.samplers) or 'none'}")
+            raise NotFound(
+                f"no sampler for base model {base_model!r}; samplers: {', '.join(self.samplers) or 'none'}"
+            )
         return self.samplers[base_model]

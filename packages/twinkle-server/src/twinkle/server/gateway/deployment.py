@@ -7,7 +7,13 @@ from typing import Any
 
 from ray import serve
 
-from twinkle.server.config import ApplicationConfig, ModelArgs, SamplerArgs, ServerConfig, base_model_name
+from twinkle.server.config import (
+    ApplicationConfig,
+    ModelArgs,
+    SamplerArgs,
+    ServerConfig,
+    base_model_name,
+)
 from twinkle.server.context import build_context
 from twinkle.server.gateway.app import create_gateway_app, housekeeping_forever
 from twinkle.server.gateway.backends import Backends, HandleClient
@@ -26,7 +32,8 @@ def handle_backends(config: ServerConfig) -> Backends:
             backends.max_context[name] = app.args.max_length
         elif isinstance(app.args, SamplerArgs):
             backends.samplers[base_model_name(app.args.model_id)] = TracedClient(
-                HandleClient(DEPLOYMENT_NAMES["sampler"], app.name))
+                HandleClient(DEPLOYMENT_NAMES["sampler"], app.name)
+            )
     return backends
 
 
@@ -49,7 +56,8 @@ class TinkerCompatServer:
         async def _start_housekeeping(request, call_next):
             if self._housekeeping is None:
                 self._housekeeping = asyncio.get_running_loop().create_task(
-                    housekeeping_forever(self.context, self.backends))
+                    housekeeping_forever(self.context, self.backends)
+                )
             return await call_next(request)
 
         return app
@@ -60,4 +68,8 @@ def build_app(app_config: ApplicationConfig, server_config: ServerConfig):
     from twinkle.server.launch import deployment_options
 
     options = deployment_options(app_config, "TinkerCompatServer")
-    return serve.deployment(TinkerCompatServer).options(**options).bind(server_config.model_dump(mode="json"))
+    return (
+        serve.deployment(TinkerCompatServer)
+        .options(**options)
+        .bind(server_config.model_dump(mode="json"))
+    )

@@ -56,7 +56,15 @@ def create_common_router(ctx: ServerContext, backends: Backends) -> APIRouter:
     @router.get("/get_server_capabilities")
     async def capabilities(request: Request) -> dict:
         ctx.authenticate(request.headers)
-        names = list(dict.fromkeys([*ctx.server_args.server_config.supported_models, *backends.models, *backends.samplers]))
+        names = list(
+            dict.fromkeys(
+                [
+                    *ctx.server_args.server_config.supported_models,
+                    *backends.models,
+                    *backends.samplers,
+                ]
+            )
+        )
         return {
             "supported_models": [
                 {
@@ -73,8 +81,12 @@ def create_common_router(ctx: ServerContext, backends: Backends) -> APIRouter:
     async def create_session(request: Request) -> dict:
         owner = ctx.authenticate(request.headers)
         body = await read_json(request, max_bytes)
-        record = state.create_session(owner, tags=list(body.get("tags") or []), user_metadata=body.get("user_metadata") or {},
-                                      sdk_version=body.get("sdk_version"))
+        record = state.create_session(
+            owner,
+            tags=list(body.get("tags") or []),
+            user_metadata=body.get("user_metadata") or {},
+            sdk_version=body.get("sdk_version"),
+        )
         return {"session_id": record.session_id, "type": "create_session"}
 
     @router.post("/session_heartbeat")
@@ -91,10 +103,15 @@ def create_common_router(ctx: ServerContext, backends: Backends) -> APIRouter:
         return {"session_id": session_id, "finished": True}
 
     @router.get("/training_runs")
-    async def list_runs(request: Request, limit: int = Query(20, ge=0, le=1000), offset: int = Query(0, ge=0)) -> dict:
+    async def list_runs(
+        request: Request, limit: int = Query(20, ge=0, le=1000), offset: int = Query(0, ge=0)
+    ) -> dict:
         owner = ctx.authenticate(request.headers)
         runs, total = state.list_runs(owner, limit=limit, offset=offset)
-        return {"training_runs": [run_to_wire(r) for r in runs], "cursor": {"offset": offset, "limit": limit, "total_count": total}}
+        return {
+            "training_runs": [run_to_wire(r) for r in runs],
+            "cursor": {"offset": offset, "limit": limit, "total_count": total},
+        }
 
     @router.get("/training_runs/{run_id}")
     async def get_run(run_id: str, request: Request) -> dict:
@@ -104,7 +121,9 @@ def create_common_router(ctx: ServerContext, backends: Backends) -> APIRouter:
     async def list_checkpoints(run_id: str, request: Request) -> dict:
         owner = ctx.authenticate(request.headers)
         state.get_run(owner, run_id)
-        return {"checkpoints": [checkpoint_to_wire(c) for c in state.list_checkpoints(owner, run_id)]}
+        return {
+            "checkpoints": [checkpoint_to_wire(c) for c in state.list_checkpoints(owner, run_id)]
+        }
 
     @router.delete("/training_runs/{run_id}/checkpoints/{kind}/{name}")
     async def delete_checkpoint(run_id: str, kind: str, name: str, request: Request) -> dict:

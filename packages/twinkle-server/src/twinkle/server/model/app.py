@@ -4,12 +4,20 @@ from __future__ import annotations
 
 from fastapi import FastAPI, Request
 
-from twinkle.server.web import DEFAULT_MAX_REQUEST_BYTES, Authenticator, install_error_handlers, read_json
 from twinkle.server.model.service import ModelService
+from twinkle.server.web import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    Authenticator,
+    install_error_handlers,
+    read_json,
+)
 
 
-def create_model_app(service: ModelService, authenticate: Authenticator,
-                     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
+def create_model_app(
+    service: ModelService,
+    authenticate: Authenticator,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+) -> FastAPI:
     """A FastAPI app exposing every model operation as ``POST /<op>`` with a JSON body.
 
     The body holds the method's keyword arguments plus ``adapter_name``; the reply is the

@@ -5,8 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 
-def create_backend(backend: str, model_id: str, dp_size: int = 1, device_type: str | None = None,
-                   worker_options: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+def create_backend(
+    backend: str,
+    model_id: str,
+    dp_size: int = 1,
+    device_type: str | None = None,
+    worker_options: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> Any:
     """The shared multi-LoRA model for ``backend`` in ``transformers | megatron | mock``.
 
     Args:
@@ -27,7 +33,9 @@ def create_backend(backend: str, model_id: str, dp_size: int = 1, device_type: s
             )
         from twinkle.parallel import DataParallelModel
 
-        return DataParallelModel(model_id, dp_size, device_type or "cpu", **(worker_options or {}), **kwargs)
+        return DataParallelModel(
+            model_id, dp_size, device_type or "cpu", **(worker_options or {}), **kwargs
+        )
     if backend == "transformers":
         from twinkle.model import MultiLoraTransformersModel
 

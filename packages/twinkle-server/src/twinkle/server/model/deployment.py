@@ -25,11 +25,19 @@ def build_service(app_config: ApplicationConfig, context) -> ModelService:
         kwargs["torch_dtype"] = args.torch_dtype
     mesh = args.device_mesh
     if mesh is not None and mesh.dp_size > 1:
-        kwargs.update(dp_size=mesh.dp_size, device_type=mesh.device_type, worker_options=_worker_options(app_config))
+        kwargs.update(
+            dp_size=mesh.dp_size,
+            device_type=mesh.device_type,
+            worker_options=_worker_options(app_config),
+        )
     model = create_backend(args.backend, args.model_id, **kwargs)
     gateway = context.server_args
-    registry = StateRunRegistry(context.state, context.storage_root, keep_last=gateway.keep_last_checkpoints,
-                                checkpoint_ttl_s=gateway.checkpoint_ttl_s)
+    registry = StateRunRegistry(
+        context.state,
+        context.storage_root,
+        keep_last=gateway.keep_last_checkpoints,
+        checkpoint_ttl_s=gateway.checkpoint_ttl_s,
+    )
     queue = args.queue_config
     metrics = ModelTaskMetrics(base_model_name(args.model_id))
     service = ModelService(
@@ -58,7 +66,11 @@ def _worker_options(app_config: ApplicationConfig) -> dict[str, Any]:
     actor = deployment.ray_actor_options if deployment is not None else None
     if actor is not None and actor.resources:
         options["resources"] = dict(actor.resources)
-    if actor is not None and actor.num_cpus is not None and app_config.args.device_mesh.device_type == "cpu":
+    if (
+        actor is not None
+        and actor.num_cpus is not None
+        and app_config.args.device_mesh.device_type == "cpu"
+    ):
         options["num_cpus"] = actor.num_cpus
     return options
 
@@ -83,13 +95,17 @@ class ModelManagement:
         self._sweeper: asyncio.Task | None = None
 
     def __serve_build_asgi_app__(self):
-        app = create_model_app(self.service, self.context.authenticate, self.context.server_args.max_request_bytes)
+        app = create_model_app(
+            self.service, self.context.authenticate, self.context.server_args.max_request_bytes
+        )
         timeout = self.app_config.args.adapter_config.adapter_timeout
 
         @app.middleware("http")
         async def _start_sweeper(request, call_next):
             if self._sweeper is None:
-                self._sweeper = asyncio.get_running_loop().create_task(sweep_forever(self.service, min(30.0, timeout / 4)))
+                self._sweeper = asyncio.get_running_loop().create_task(
+                    sweep_forever(self.service, min(30.0, timeout / 4))
+                )
             return await call_next(request)
 
         return app
@@ -109,4 +125,6 @@ def build_app(app_config: ApplicationConfig, server_config: ServerConfig):
 
     options = deployment_options(app_config, "ModelManagement")
     deployment = serve.deployment(ModelManagement).options(**options)
-    return deployment.bind(app_config.model_dump(mode="json"), server_config.model_dump(mode="json"))
+    return deployment.bind(
+        app_config.model_dump(mode="json"), server_config.model_dump(mode="json")
+    )

@@ -7,7 +7,8 @@ travel over the wire (templates, losses, optimizers): no code is ever received f
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -51,7 +52,9 @@ def decode_inputs(inputs: Any) -> list[Any]:
             for key, value in item.items():
                 if isinstance(value, list):
                     try:
-                        feature[key] = np.asarray(value, dtype=np.float32 if key in _LOSS_EXTRAS else np.int64)
+                        feature[key] = np.asarray(
+                            value, dtype=np.float32 if key in _LOSS_EXTRAS else np.int64
+                        )
                     except (TypeError, ValueError) as exc:
                         raise BadRequest(f"inputs[{i}].{key}: not a list of numbers") from exc
                 else:
@@ -76,7 +79,9 @@ def count_tokens(payload: dict[str, Any]) -> int:
 def check_lengths(payload: dict[str, Any], max_length: int) -> None:
     for i, item in enumerate(payload.get("inputs") or []):
         if isinstance(item, dict) and len(item.get("input_ids", ())) > max_length:
-            raise BadRequest(f"inputs[{i}] has {len(item['input_ids'])} tokens, over the server's max_length={max_length}")
+            raise BadRequest(
+                f"inputs[{i}] has {len(item['input_ids'])} tokens, over the server's max_length={max_length}"
+            )
 
 
 def _kwargs(payload: dict[str, Any]) -> dict[str, Any]:
@@ -103,19 +108,27 @@ def add_adapter_to_model(service: ModelService, internal: str, entry, payload):
     if internal in service.adapters:
         raise BadRequest(f"adapter {name!r} already exists for this API key")
     if len(service.adapters) >= service.max_loras:
-        raise AtCapacity(f"model {service.base_model} is at capacity (max_loras={service.max_loras})", retry_after=5.0)
+        raise AtCapacity(
+            f"model {service.base_model} is at capacity (max_loras={service.max_loras})",
+            retry_after=5.0,
+        )
     config = payload.get("config") or {}
     if not isinstance(config, dict):
         raise BadRequest("config must be a LoRA config object (r, lora_alpha, target_modules, ...)")
     ga = payload.get("gradient_accumulation_steps", 1)
     service.model.add_adapter_to_model(internal, config, gradient_accumulation_steps=ga)
     run_id = service.registry.create_run(
-        owner, adapter_name=name, base_model=service.base_model, lora_rank=int(config.get("r", 8)),
-        lora_config=jsonable(config), session_id=payload.get("session_id"),
+        owner,
+        adapter_name=name,
+        base_model=service.base_model,
+        lora_rank=int(config.get("r", 8)),
+        lora_config=jsonable(config),
+        session_id=payload.get("session_id"),
     )
     now = service.clock()
-    service.adapters[internal] = AdapterEntry(owner, name, internal, run_id, int(config.get("r", 8)),
-                                              payload.get("session_id"), now, now)
+    service.adapters[internal] = AdapterEntry(
+        owner, name, internal, run_id, int(config.get("r", 8)), payload.get("session_id"), now, now
+    )
     service.unloaded.pop(internal, None)
     return {"adapter_name": name, "training_run_id": run_id}
 
@@ -135,7 +148,9 @@ def _setter(method: str, kind: str, names_only: bool = True) -> Callable:
         target = kwargs.pop(kind, None)
         if target is None:
             raise BadRequest(f"{method} needs {kind}=")
-        getattr(service.model, method)(_only_names(kind, target) if names_only else target, adapter_name=internal, **kwargs)
+        getattr(service.model, method)(
+            _only_names(kind, target) if names_only else target, adapter_name=internal, **kwargs
+        )
         return {"ok": True}
 
     return handler
@@ -152,8 +167,13 @@ def _training(method: str) -> Callable:
 
 
 def calculate_metric(service, internal, entry, payload):
-    return {"result": jsonable(service.model.calculate_metric(is_training=payload.get("is_training", True),
-                                                               adapter_name=internal).result)}
+    return {
+        "result": jsonable(
+            service.model.calculate_metric(
+                is_training=payload.get("is_training", True), adapter_name=internal
+            ).result
+        )
+    }
 
 
 def get_train_configs(service, internal, entry, payload):
@@ -167,15 +187,24 @@ def save(service: ModelService, internal: str, entry: AdapterEntry, payload):
     name = validate_name(payload.get("name") or "")
     kind = "sampler_weights" if payload.get("kind") == "sampler" else "weights"
     target = service.registry.checkpoint_dir(entry.owner, entry.run_id, kind, name)
-    service.model.save(name, output_dir=target.parent, save_optimizer=bool(payload.get("save_optimizer", False)),
-                       consumed_train_samples=payload.get("consumed_train_samples"), adapter_name=internal)
+    service.model.save(
+        name,
+        output_dir=target.parent,
+        save_optimizer=bool(payload.get("save_optimizer", False)),
+        consumed_train_samples=payload.get("consumed_train_samples"),
+        adapter_name=internal,
+    )
     return {"path": service.registry.add_checkpoint(entry.owner, entry.run_id, kind, name)}
 
 
 def _from_checkpoint(method: str) -> Callable:
     def handler(service: ModelService, internal: str, entry: AdapterEntry, payload):
-        directory = service.registry.resolve_checkpoint(entry.owner, payload.get("path") or payload.get("checkpoint_dir") or "")
-        return jsonable(getattr(service.model, method)(str(directory), adapter_name=internal)) or {"ok": True}
+        directory = service.registry.resolve_checkpoint(
+            entry.owner, payload.get("path") or payload.get("checkpoint_dir") or ""
+        )
+        return jsonable(getattr(service.model, method)(str(directory), adapter_name=internal)) or {
+            "ok": True
+        }
 
     return handler
 

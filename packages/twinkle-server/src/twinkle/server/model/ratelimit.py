@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from twinkle.server.errors import BadRequest, RateLimited
 
@@ -44,9 +44,18 @@ class RateLimiter:
     never dropped silently; one over ``max_input_tokens`` can never fit and is a 400.
     """
 
-    def __init__(self, rps_limit: float | None = None, tps_limit: float | None = None,
-                 max_input_tokens: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        self.rps_limit, self.tps_limit, self.max_input_tokens = rps_limit, tps_limit, max_input_tokens
+    def __init__(
+        self,
+        rps_limit: float | None = None,
+        tps_limit: float | None = None,
+        max_input_tokens: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.rps_limit, self.tps_limit, self.max_input_tokens = (
+            rps_limit,
+            tps_limit,
+            max_input_tokens,
+        )
         self.clock = clock
         self._requests: dict[str, TokenBucket] = {}
         self._tokens: dict[str, TokenBucket] = {}
@@ -55,18 +64,32 @@ class RateLimiter:
     def check(self, tenant: str, tokens: int = 0) -> None:
         """Admit one request of ``tokens`` input tokens for ``tenant`` or raise."""
         if self.max_input_tokens is not None and tokens > self.max_input_tokens:
-            raise BadRequest(f"request has {tokens} input tokens, over max_input_tokens={self.max_input_tokens}")
+            raise BadRequest(
+                f"request has {tokens} input tokens, over max_input_tokens={self.max_input_tokens}"
+            )
         if self.rps_limit:
-            bucket = self._requests.setdefault(tenant, TokenBucket(self.rps_limit, max(1.0, self.rps_limit), self.clock))
+            bucket = self._requests.setdefault(
+                tenant, TokenBucket(self.rps_limit, max(1.0, self.rps_limit), self.clock)
+            )
             wait = bucket.try_take(1)
             if wait:
                 self.rejections += 1
-                raise RateLimited(f"over rps_limit={self.rps_limit} requests/s; retry in {wait:.2f} s", retry_after=wait)
+                raise RateLimited(
+                    f"over rps_limit={self.rps_limit} requests/s; retry in {wait:.2f} s",
+                    retry_after=wait,
+                )
         if self.tps_limit and tokens:
-            bucket = self._tokens.setdefault(tenant, TokenBucket(self.tps_limit, self.tps_limit, self.clock))
+            bucket = self._tokens.setdefault(
+                tenant, TokenBucket(self.tps_limit, self.tps_limit, self.clock)
+            )
             if tokens > bucket.capacity:
-                raise BadRequest(f"request has {tokens} input tokens, more than tps_limit={self.tps_limit} allows per second")
+                raise BadRequest(
+                    f"request has {tokens} input tokens, more than tps_limit={self.tps_limit} allows per second"
+                )
             wait = bucket.try_take(tokens)
             if wait:
                 self.rejections += 1
-                raise RateLimited(f"over tps_limit={self.tps_limit} tokens/s; retry in {wait:.2f} s", retry_after=wait)
+                raise RateLimited(
+                    f"over tps_limit={self.tps_limit} tokens/s; retry in {wait:.2f} s",
+                    retry_after=wait,
+                )

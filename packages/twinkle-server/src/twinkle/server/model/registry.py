@@ -17,14 +17,18 @@ from typing import Protocol
 
 from twinkle.server.errors import BadRequest, NotFound
 
-_PATH = re.compile(r"^(?:twinkle|tinker)://(?P<run>[A-Za-z0-9_.:\-]+)/(?P<kind>weights|sampler_weights)/(?P<name>[^/]+)$")
+_PATH = re.compile(
+    r"^(?:twinkle|tinker)://(?P<run>[A-Za-z0-9_.:\-]+)/(?P<kind>weights|sampler_weights)/(?P<name>[^/]+)$"
+)
 _NAME = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,127}$")
 
 
 def validate_name(name: str) -> str:
     """One plain path component: letters, digits, ``-_.``; no leading dot, no ``..``."""
     if not isinstance(name, str) or not _NAME.match(name) or ".." in name:
-        raise BadRequest(f"invalid checkpoint name {name!r}: use letters, digits, '-', '_' and '.' only")
+        raise BadRequest(
+            f"invalid checkpoint name {name!r}: use letters, digits, '-', '_' and '.' only"
+        )
     return name
 
 
@@ -32,13 +36,23 @@ def parse_path(path: str) -> tuple[str, str, str]:
     """``twinkle://<run>/<weights|sampler_weights>/<name>`` -> (run, kind, name)."""
     match = _PATH.match(path or "")
     if not match:
-        raise BadRequest(f"not a checkpoint path: {path!r} (expected twinkle://<run>/weights/<name>)")
+        raise BadRequest(
+            f"not a checkpoint path: {path!r} (expected twinkle://<run>/weights/<name>)"
+        )
     return match["run"], match["kind"], validate_name(match["name"])
 
 
 class RunRegistry(Protocol):
-    def create_run(self, owner: str, *, adapter_name: str, base_model: str, lora_rank: int,
-                   lora_config: dict, session_id: str | None) -> str: ...
+    def create_run(
+        self,
+        owner: str,
+        *,
+        adapter_name: str,
+        base_model: str,
+        lora_rank: int,
+        lora_config: dict,
+        session_id: str | None,
+    ) -> str: ...
     def count_active_runs(self, owner: str) -> int: ...
     def set_run_status(self, owner: str, run_id: str, status: str) -> None: ...
     def checkpoint_dir(self, owner: str, run_id: str, kind: str, name: str) -> Path: ...
@@ -56,8 +70,13 @@ class InMemoryRunRegistry:
 
     def create_run(self, owner, *, adapter_name, base_model, lora_rank, lora_config, session_id):
         run_id = f"{adapter_name}-{uuid.uuid4().hex[:8]}"
-        self.runs[run_id] = {"owner": owner, "status": "active", "base_model": base_model,
-                             "lora_rank": lora_rank, "created_at": time.time()}
+        self.runs[run_id] = {
+            "owner": owner,
+            "status": "active",
+            "base_model": base_model,
+            "lora_rank": lora_rank,
+            "created_at": time.time(),
+        }
         return run_id
 
     def count_active_runs(self, owner):
@@ -77,7 +96,9 @@ class InMemoryRunRegistry:
 
     def add_checkpoint(self, owner, run_id, kind, name):
         path = f"twinkle://{run_id}/{kind}/{name}"
-        self.checkpoints[(owner, path)] = {"dir": str(self.checkpoint_dir(owner, run_id, kind, name))}
+        self.checkpoints[(owner, path)] = {
+            "dir": str(self.checkpoint_dir(owner, run_id, kind, name))
+        }
         return path
 
     def resolve_checkpoint(self, owner, path):
@@ -102,8 +123,13 @@ class StateRunRegistry:
         checkpoint_ttl_s: Default time to live of new checkpoints.
     """
 
-    def __init__(self, state, storage_root: str | Path, keep_last: int | None = None,
-                 checkpoint_ttl_s: float | None = None) -> None:
+    def __init__(
+        self,
+        state,
+        storage_root: str | Path,
+        keep_last: int | None = None,
+        checkpoint_ttl_s: float | None = None,
+    ) -> None:
         self.state = state
         self.root = Path(storage_root).expanduser().resolve()
         self.keep_last, self.checkpoint_ttl_s = keep_last, checkpoint_ttl_s
@@ -112,8 +138,14 @@ class StateRunRegistry:
         if not session_id:
             session_id = self.state.create_session(owner, tags=["implicit"]).session_id
         run_id = f"{adapter_name}-{uuid.uuid4().hex[:8]}"
-        self.state.create_run(owner, session_id, base_model, lora_rank, lora_config=lora_config,
-                              training_run_id=run_id)
+        self.state.create_run(
+            owner,
+            session_id,
+            base_model,
+            lora_rank,
+            lora_config=lora_config,
+            training_run_id=run_id,
+        )
         return run_id
 
     def count_active_runs(self, owner):
@@ -131,8 +163,16 @@ class StateRunRegistry:
     def add_checkpoint(self, owner, run_id, kind, name):
         directory = self.checkpoint_dir(owner, run_id, kind, name)
         size = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
-        record, evicted = self.state.add_checkpoint(owner, run_id, kind, name, str(directory), size_bytes=size,
-                                                    ttl_seconds=self.checkpoint_ttl_s, keep_last=self.keep_last)
+        record, evicted = self.state.add_checkpoint(
+            owner,
+            run_id,
+            kind,
+            name,
+            str(directory),
+            size_bytes=size,
+            ttl_seconds=self.checkpoint_ttl_s,
+            keep_last=self.keep_last,
+        )
         for old in evicted:
             shutil.rmtree(old.local_dir, ignore_errors=True)
         return record.path

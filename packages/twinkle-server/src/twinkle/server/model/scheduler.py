@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 FUSABLE = "forward_backward"
 
@@ -40,8 +41,13 @@ class FairScheduler:
         on_done: Called as ``on_done(task, wait_s, exec_s, ok)`` after every task (metrics).
     """
 
-    def __init__(self, run_single: Callable[[Task], Any], run_fused: Callable[[list[Task]], list[Any]],
-                 max_fused: int = 8, on_done: Callable[[Task, float, float, bool], None] | None = None) -> None:
+    def __init__(
+        self,
+        run_single: Callable[[Task], Any],
+        run_fused: Callable[[list[Task]], list[Any]],
+        max_fused: int = 8,
+        on_done: Callable[[Task, float, float, bool], None] | None = None,
+    ) -> None:
         self._run_single, self._run_fused = run_single, run_fused
         self.max_fused = max(1, max_fused)
         self._on_done = on_done
@@ -124,7 +130,9 @@ class FairScheduler:
         else:
             loop.call_soon_threadsafe(_set_exception, task.future, error)
         if self._on_done is not None:
-            self._on_done(task, started - task.enqueued_at, time.monotonic() - started, error is None)
+            self._on_done(
+                task, started - task.enqueued_at, time.monotonic() - started, error is None
+            )
 
     def close(self) -> None:
         if self._worker is not None:

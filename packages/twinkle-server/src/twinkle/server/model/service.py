@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from twinkle.server.errors import AtCapacity, BadRequest, NotFound, from_exception
 from twinkle.server.model import ops as native_ops
@@ -57,12 +58,23 @@ class ModelService:
         max_fused: Most tenants fused into one pass.
     """
 
-    def __init__(self, model: Any, base_model: str, registry: RunRegistry, *, max_loras: int = 8,
-                 max_lora_rank: int = 64, per_token_model_limit: int | None = None,
-                 adapter_timeout: float | None = 1800, adapter_max_lifetime: float | None = 36000,
-                 rate_limiter: RateLimiter | None = None, max_fused: int = 8, max_length: int | None = None,
-                 clock: Callable[[], float] = time.time,
-                 on_task_done: Callable[[Task, float, float, bool], None] | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        base_model: str,
+        registry: RunRegistry,
+        *,
+        max_loras: int = 8,
+        max_lora_rank: int = 64,
+        per_token_model_limit: int | None = None,
+        adapter_timeout: float | None = 1800,
+        adapter_max_lifetime: float | None = 36000,
+        rate_limiter: RateLimiter | None = None,
+        max_fused: int = 8,
+        max_length: int | None = None,
+        clock: Callable[[], float] = time.time,
+        on_task_done: Callable[[Task, float, float, bool], None] | None = None,
+    ) -> None:
         self.model = model
         self.base_model = base_model
         self.registry = registry
@@ -74,7 +86,9 @@ class ModelService:
         self.clock = clock
         self.adapters: dict[str, AdapterEntry] = {}
         self.unloaded: dict[str, str] = {}  # internal name -> why
-        self.scheduler = FairScheduler(self._run_single, self._run_fused, max_fused=max_fused, on_done=on_task_done)
+        self.scheduler = FairScheduler(
+            self._run_single, self._run_fused, max_fused=max_fused, on_done=on_task_done
+        )
 
     # ------------------------------------------------------------------ entry point
     async def call(self, owner: str, op: str, payload: dict[str, Any] | None = None) -> Any:
@@ -106,23 +120,34 @@ class ModelService:
     def _missing(self, name: str, internal: str) -> NotFound:
         why = self.unloaded.get(internal)
         if why:
-            return NotFound(f"adapter {name!r} was unloaded ({why}); add it again or resume from a checkpoint")
+            return NotFound(
+                f"adapter {name!r} was unloaded ({why}); add it again or resume from a checkpoint"
+            )
         return NotFound(f"unknown adapter {name!r}: call add_adapter_to_model first")
 
-    def _admit_new_adapter(self, owner: str, name: str, internal: str, payload: dict[str, Any]) -> None:
+    def _admit_new_adapter(
+        self, owner: str, name: str, internal: str, payload: dict[str, Any]
+    ) -> None:
         rank = int((payload.get("config") or {}).get("r", 8))
         if rank > self.max_lora_rank:
-            raise BadRequest(f"LoRA rank {rank} is over this server's max_lora_rank={self.max_lora_rank}")
+            raise BadRequest(
+                f"LoRA rank {rank} is over this server's max_lora_rank={self.max_lora_rank}"
+            )
         if internal in self.adapters:
             raise BadRequest(f"adapter {name!r} already exists for this API key")
-        if self.per_token_model_limit is not None and self.registry.count_active_runs(owner) >= self.per_token_model_limit:
+        if (
+            self.per_token_model_limit is not None
+            and self.registry.count_active_runs(owner) >= self.per_token_model_limit
+        ):
             raise BadRequest(
                 f"this API key already holds {self.per_token_model_limit} adapters (per_token_model_limit); "
                 "remove one first"
             )
         if len(self.adapters) >= self.max_loras:
-            raise AtCapacity(f"model {self.base_model} is at capacity (max_loras={self.max_loras}); retry later",
-                             retry_after=5.0)
+            raise AtCapacity(
+                f"model {self.base_model} is at capacity (max_loras={self.max_loras}); retry later",
+                retry_after=5.0,
+            )
 
     # ------------------------------------------------------------------ execution (worker thread)
     def _run_single(self, task: Task) -> Any:
@@ -167,16 +192,25 @@ class ModelService:
         """Unload adapters idle past ``adapter_timeout`` or older than ``adapter_max_lifetime``."""
         now = self.clock() if now is None else now
         doomed = []
-        for internal, entry in list(self.adapters.items()):
+        for entry in list(self.adapters.values()):
             if self.adapter_timeout is not None and now - entry.last_used > self.adapter_timeout:
-                doomed.append((entry, f"idle for more than adapter_timeout={self.adapter_timeout:g} s"))
-            elif self.adapter_max_lifetime is not None and now - entry.created_at > self.adapter_max_lifetime:
-                doomed.append((entry, f"older than adapter_max_lifetime={self.adapter_max_lifetime:g} s"))
+                doomed.append(
+                    (entry, f"idle for more than adapter_timeout={self.adapter_timeout:g} s")
+                )
+            elif (
+                self.adapter_max_lifetime is not None
+                and now - entry.created_at > self.adapter_max_lifetime
+            ):
+                doomed.append(
+                    (entry, f"older than adapter_max_lifetime={self.adapter_max_lifetime:g} s")
+                )
         for entry, why in doomed:
             await self.unload(entry, why)
         return [entry.name for entry, _ in doomed]
 
-    async def unload_session(self, session_id: str, why: str = "its session stopped heartbeating") -> list[str]:
+    async def unload_session(
+        self, session_id: str, why: str = "its session stopped heartbeating"
+    ) -> list[str]:
         """Unload every adapter created under ``session_id``."""
         entries = [e for e in self.adapters.values() if e.session_id == session_id]
         for entry in entries:
@@ -184,7 +218,11 @@ class ModelService:
         return [e.name for e in entries]
 
     async def unload(self, entry: AdapterEntry, why: str) -> None:
-        await self.scheduler.submit(entry.internal, "remove_adapter", {"_owner": entry.owner, "_name": entry.name, "_why": why})
+        await self.scheduler.submit(
+            entry.internal,
+            "remove_adapter",
+            {"_owner": entry.owner, "_name": entry.name, "_why": why},
+        )
 
     def status(self, owner: str | None = None) -> dict[str, Any]:
         """Queue depth and adapters, for health checks and the status table.
@@ -198,16 +236,25 @@ class ModelService:
             "queue_depth": self.scheduler.depth(),
             "fused_passes": self.scheduler.fused_passes,
             "rate_limit_rejections": self.rate_limiter.rejections,
-            "tenants": [self._status_row(e) for e in self.adapters.values() if owner is not None and e.owner == owner],
+            "tenants": [
+                self._status_row(e)
+                for e in self.adapters.values()
+                if owner is not None and e.owner == owner
+            ],
         }
 
     def _status_row(self, entry: AdapterEntry) -> dict[str, Any]:
         elapsed = entry.last_used - entry.first_trained_at if entry.first_trained_at else 0.0
         return {
-            "adapter_name": entry.name, "training_run_id": entry.run_id, "rank": entry.rank,
-            "steps": entry.steps, "tokens": entry.tokens, "last_loss": entry.last_loss,
+            "adapter_name": entry.name,
+            "training_run_id": entry.run_id,
+            "rank": entry.rank,
+            "steps": entry.steps,
+            "tokens": entry.tokens,
+            "last_loss": entry.last_loss,
             "tokens_per_s": entry.tokens / elapsed if elapsed > 0 else None,
-            "queue_depth": self.scheduler.depth(entry.internal), "idle_s": self.clock() - entry.last_used,
+            "queue_depth": self.scheduler.depth(entry.internal),
+            "idle_s": self.clock() - entry.last_used,
         }
 
 

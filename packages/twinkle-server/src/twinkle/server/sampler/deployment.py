@@ -12,7 +12,12 @@ from twinkle.server.context import build_context
 from twinkle.server.model.ratelimit import RateLimiter
 from twinkle.server.sampler.service import SamplerService
 from twinkle.server.telemetry import serve_traced, setup_telemetry
-from twinkle.server.web import DEFAULT_MAX_REQUEST_BYTES, Authenticator, install_error_handlers, read_json
+from twinkle.server.web import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    Authenticator,
+    install_error_handlers,
+    read_json,
+)
 
 
 def create_sampler(app_config: ApplicationConfig, storage_root) -> Any:
@@ -21,12 +26,20 @@ def create_sampler(app_config: ApplicationConfig, storage_root) -> Any:
     if args.sampler_type == "torch":
         from twinkle.sampler import TorchSampler
 
-        return TorchSampler(args.model_id, max_loras=args.max_loras, allowed_adapter_dirs=[str(storage_root)])
+        return TorchSampler(
+            args.model_id, max_loras=args.max_loras, allowed_adapter_dirs=[str(storage_root)]
+        )
     if args.sampler_type == "vllm":
         from twinkle.sampler import vLLMSampler
 
-        return vLLMSampler(args.model_id, engine_args=dict(args.engine_args), allowed_adapter_dirs=[str(storage_root)])
-    raise ValueError(f"sampler_type {args.sampler_type!r} is not available in this build; use torch or vllm")
+        return vLLMSampler(
+            args.model_id,
+            engine_args=dict(args.engine_args),
+            allowed_adapter_dirs=[str(storage_root)],
+        )
+    raise ValueError(
+        f"sampler_type {args.sampler_type!r} is not available in this build; use torch or vllm"
+    )
 
 
 def build_sampler_service(app_config: ApplicationConfig, context) -> SamplerService:
@@ -37,12 +50,19 @@ def build_sampler_service(app_config: ApplicationConfig, context) -> SamplerServ
         return context.state.resolve_checkpoint_path(owner, path, allow_public=True).local_dir
 
     queue = args.queue_config
-    return SamplerService(sampler, base_model_name(args.model_id), resolve,
-                          RateLimiter(queue.rps_limit, queue.tps_limit, queue.max_input_tokens))
+    return SamplerService(
+        sampler,
+        base_model_name(args.model_id),
+        resolve,
+        RateLimiter(queue.rps_limit, queue.tps_limit, queue.max_input_tokens),
+    )
 
 
-def create_sampler_app(service: SamplerService, authenticate: Authenticator,
-                       max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
+def create_sampler_app(
+    service: SamplerService,
+    authenticate: Authenticator,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+) -> FastAPI:
     """``POST /sample`` and ``POST /set_template`` with JSON bodies; ``GET /healthz``."""
     app = FastAPI(title=f"Twinkle sampler {service.base_model}")
     install_error_handlers(app)
@@ -54,7 +74,9 @@ def create_sampler_app(service: SamplerService, authenticate: Authenticator,
     @app.post("/{op}")
     async def call(op: str, request: Request):
         owner = authenticate(request.headers)
-        return {"result": await service.call(owner, op, await read_json(request, max_request_bytes))}
+        return {
+            "result": await service.call(owner, op, await read_json(request, max_request_bytes))
+        }
 
     return app
 
@@ -71,7 +93,9 @@ class SamplerManagement:
         self.service = build_sampler_service(self.app_config, self.context)
 
     def __serve_build_asgi_app__(self):
-        return create_sampler_app(self.service, self.context.authenticate, self.context.server_args.max_request_bytes)
+        return create_sampler_app(
+            self.service, self.context.authenticate, self.context.server_args.max_request_bytes
+        )
 
     async def call(self, owner: str, op: str, payload: dict[str, Any]) -> Any:
         return await serve_traced("Sampler", self.service.call, owner, op, payload)
@@ -82,5 +106,8 @@ def build_app(app_config: ApplicationConfig, server_config: ServerConfig):
     from twinkle.server.launch import deployment_options
 
     options = deployment_options(app_config, "SamplerManagement")
-    return serve.deployment(SamplerManagement).options(**options).bind(
-        app_config.model_dump(mode="json"), server_config.model_dump(mode="json"))
+    return (
+        serve.deployment(SamplerManagement)
+        .options(**options)
+        .bind(app_config.model_dump(mode="json"), server_config.model_dump(mode="json"))
+    )

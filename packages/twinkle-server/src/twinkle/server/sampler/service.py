@@ -31,7 +31,13 @@ class SamplerService:
         rate_limiter: Per-tenant request/token limits.
     """
 
-    def __init__(self, sampler: Any, base_model: str, resolve_adapter, rate_limiter: RateLimiter | None = None) -> None:
+    def __init__(
+        self,
+        sampler: Any,
+        base_model: str,
+        resolve_adapter,
+        rate_limiter: RateLimiter | None = None,
+    ) -> None:
         self.sampler = sampler
         self.base_model = base_model
         self.resolve_adapter = resolve_adapter
@@ -48,13 +54,24 @@ class SamplerService:
             raise NotFound(f"unknown sampler operation {op!r}; known: sample, set_template")
         inputs = payload.get("inputs")
         if not isinstance(inputs, list) or not inputs:
-            raise BadRequest("inputs must be a non-empty list of trajectories, features or token-id lists")
-        tokens = sum(len(x) if isinstance(x, list) else len(x.get("input_ids", ())) if isinstance(x, dict) else 0 for x in inputs)
+            raise BadRequest(
+                "inputs must be a non-empty list of trajectories, features or token-id lists"
+            )
+        tokens = sum(
+            len(x)
+            if isinstance(x, list)
+            else len(x.get("input_ids", ()))
+            if isinstance(x, dict)
+            else 0
+            for x in inputs
+        )
         self.rate_limiter.check(owner, tokens)
         uris = self._adapter_dirs(owner, payload.get("adapter_uri"), len(inputs))
         loop = asyncio.get_running_loop()
         try:
-            response = await loop.run_in_executor(self._executor, self._sample, owner, inputs, payload.get("sampling_params"), uris)
+            response = await loop.run_in_executor(
+                self._executor, self._sample, owner, inputs, payload.get("sampling_params"), uris
+            )
         except Exception as exc:
             raise from_exception(exc) from exc
         self.requests += 1
@@ -81,7 +98,9 @@ class SamplerService:
             raise BadRequest(f"adapter_uri has {len(uris)} entries for {count} inputs")
         return [None if uri is None else str(self.resolve_adapter(owner, uri)) for uri in uris]
 
-    def _sample(self, owner: str, inputs: list, sampling_params: Any, uris: list[str | None] | None):
+    def _sample(
+        self, owner: str, inputs: list, sampling_params: Any, uris: list[str | None] | None
+    ):
         # Each tenant renders with its own template; calls run one at a time on this thread.
         self.sampler.template = self.templates.get(owner)
         return self.sampler.sample(inputs, sampling_params=sampling_params, adapter_uri=uris)

@@ -33,7 +33,9 @@ def resolve_target_modules(model: nn.Module, target_modules) -> list[str]:
     linears = [
         name
         for name, module in model.named_modules()
-        if isinstance(module, (nn.Linear, MultiLoraLinear)) and not _inside_lora(name) and name not in excluded
+        if isinstance(module, (nn.Linear, MultiLoraLinear))
+        and not _inside_lora(name)
+        and name not in excluded
     ]
     if target_modules == "all-linear":
         chosen = linears
@@ -131,5 +133,7 @@ def load_adapter_state_dict(model: nn.Module, name: str, state: dict[str, torch.
             module_name, kind, _ = key[len(PEFT_PREFIX) :].rsplit(".", 2)
             target = getattr(layers[module_name], kind)[name].weight
             if tuple(target.shape) != tuple(value.shape):
-                raise ValueError(f"{key}: saved shape {tuple(value.shape)} != adapter shape {tuple(target.shape)}")
+                raise ValueError(
+                    f"{key}: saved shape {tuple(value.shape)} != adapter shape {tuple(target.shape)}"
+                )
             target.copy_(value.to(target.dtype))

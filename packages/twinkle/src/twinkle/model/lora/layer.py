@@ -71,20 +71,30 @@ class MultiLoraLinear(nn.Module):
     def add_adapter(self, spec: AdapterSpec, generator: torch.Generator) -> None:
         """Create ``spec.name``'s A and B; B starts at zero so the adapter starts as a no-op."""
         weight = self.base_layer.weight
-        lora_a = nn.Linear(self.in_features, spec.r, bias=False, device=weight.device, dtype=weight.dtype)
-        lora_b = nn.Linear(spec.r, self.out_features, bias=False, device=weight.device, dtype=weight.dtype)
+        lora_a = nn.Linear(
+            self.in_features, spec.r, bias=False, device=weight.device, dtype=weight.dtype
+        )
+        lora_b = nn.Linear(
+            spec.r, self.out_features, bias=False, device=weight.device, dtype=weight.dtype
+        )
         with torch.no_grad():
             # Kaiming-uniform with a=sqrt(5), as nn.Linear and PEFT do, but from our own generator.
             bound = 1.0 / math.sqrt(self.in_features)
-            lora_a.weight.copy_(torch.rand(lora_a.weight.shape, generator=generator) * 2 * bound - bound)
+            lora_a.weight.copy_(
+                torch.rand(lora_a.weight.shape, generator=generator) * 2 * bound - bound
+            )
             if spec.init_lora_weights:
                 lora_b.weight.zero_()
             else:
                 b_bound = 1.0 / math.sqrt(spec.r)
-                lora_b.weight.copy_(torch.rand(lora_b.weight.shape, generator=generator) * 2 * b_bound - b_bound)
+                lora_b.weight.copy_(
+                    torch.rand(lora_b.weight.shape, generator=generator) * 2 * b_bound - b_bound
+                )
         self.lora_A[spec.name] = lora_a
         self.lora_B[spec.name] = lora_b
-        self.lora_dropout[spec.name] = nn.Dropout(spec.lora_dropout) if spec.lora_dropout > 0 else nn.Identity()
+        self.lora_dropout[spec.name] = (
+            nn.Dropout(spec.lora_dropout) if spec.lora_dropout > 0 else nn.Identity()
+        )
         self.scaling[spec.name] = spec.scaling
 
     def remove_adapter(self, name: str) -> None:

@@ -34,7 +34,9 @@ class LoraSegment:
         return self.end - self.start
 
 
-def segmented_lora_reference(x: torch.Tensor, segments: list[LoraSegment], out_features: int) -> torch.Tensor:
+def segmented_lora_reference(
+    x: torch.Tensor, segments: list[LoraSegment], out_features: int
+) -> torch.Tensor:
     """LoRA deltas for every row of ``x`` ([rows, ..., in]) by segment; a differentiable torch path.
 
     Args:
@@ -56,7 +58,9 @@ def segmented_lora_reference(x: torch.Tensor, segments: list[LoraSegment], out_f
     blocks: list[tuple[int, torch.Tensor]] = []  # (start row, delta rows), any order
     for group in groups:
         if len(group) == 1:
-            blocks.append((group[0].start, _segment_delta(views[(group[0].start, group[0].end)], group[0])))
+            blocks.append(
+                (group[0].start, _segment_delta(views[(group[0].start, group[0].end)], group[0]))
+            )
         else:
             blocks.extend(_group_deltas(x, views, group, out_features))
     return _assemble(x, sorted(blocks, key=lambda b: b[0]), out_features)
@@ -93,7 +97,9 @@ def _split_rows(x: torch.Tensor, units: list[tuple[int, int]]) -> list[torch.Ten
     return [view for view, kept in zip(torch.split(x, sizes), keep) if kept]
 
 
-def _segmented_lora_loop(x: torch.Tensor, segments: list[LoraSegment], out_features: int) -> torch.Tensor:
+def _segmented_lora_loop(
+    x: torch.Tensor, segments: list[LoraSegment], out_features: int
+) -> torch.Tensor:
     """The same op, one segment at a time: the plain definition the grouped path is tested against."""
     blocks = [(seg.start, _segment_delta(x[seg.start : seg.end], seg)) for seg in segments]
     return _assemble(x, blocks, out_features)
@@ -116,7 +122,10 @@ def _groups(segments: list[LoraSegment]) -> list[list[LoraSegment]]:
 
 
 def _group_deltas(
-    x: torch.Tensor, views: dict[tuple[int, int], torch.Tensor], group: list[LoraSegment], out_features: int
+    x: torch.Tensor,
+    views: dict[tuple[int, int], torch.Tensor],
+    group: list[LoraSegment],
+    out_features: int,
 ) -> list[tuple[int, torch.Tensor]]:
     """Deltas of same-shape segments with two ``bmm``; one block when the rows are contiguous."""
     k, rows = len(group), group[0].rows
@@ -138,13 +147,20 @@ def _group_deltas(
     if len(set(scalings)) == 1:
         delta_k = delta_k * scalings[0]
     else:
-        delta_k = delta_k * torch.tensor(scalings, dtype=delta_k.dtype, device=delta_k.device).view(k, 1, 1)
+        delta_k = delta_k * torch.tensor(scalings, dtype=delta_k.dtype, device=delta_k.device).view(
+            k, 1, 1
+        )
     if contiguous:
         return [(group[0].start, delta_k.reshape(k * rows, *tail, out_features))]
-    return [(seg.start, d.reshape(rows, *tail, out_features)) for seg, d in zip(group, delta_k.unbind(0))]
+    return [
+        (seg.start, d.reshape(rows, *tail, out_features))
+        for seg, d in zip(group, delta_k.unbind(0))
+    ]
 
 
-def _assemble(x: torch.Tensor, blocks: list[tuple[int, torch.Tensor]], out_features: int) -> torch.Tensor:
+def _assemble(
+    x: torch.Tensor, blocks: list[tuple[int, torch.Tensor]], out_features: int
+) -> torch.Tensor:
     """Concatenate row blocks sorted by start, with zero rows in the gaps."""
     rows = x.shape[0]
     pieces: list[torch.Tensor] = []

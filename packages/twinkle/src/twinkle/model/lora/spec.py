@@ -12,9 +12,7 @@ _ADAPTER_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0
 def validate_adapter_name(name: str) -> str:
     """Adapter names become state-dict keys and directory names: keep them plain."""
     if not isinstance(name, str) or not name or not set(name) <= _ADAPTER_NAME_CHARS or "." in name:
-        raise ValueError(
-            f"invalid adapter name {name!r}: use letters, digits, '_' and '-' only"
-        )
+        raise ValueError(f"invalid adapter name {name!r}: use letters, digits, '_' and '-' only")
     return name
 
 

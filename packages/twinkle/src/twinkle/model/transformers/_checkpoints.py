@@ -18,7 +18,9 @@ from twinkle.model.tenant import Tenant
 def _peft_config(model, tenant: Tenant) -> dict[str, Any]:
     spec = tenant.spec
     config = {k: v for k, v in spec.peft_config.items() if _jsonable(v)}
-    prefix_free = sorted({n.rsplit(".", 1)[-1] for n in resolve_target_modules(model.model, spec.target_modules)})
+    prefix_free = sorted(
+        {n.rsplit(".", 1)[-1] for n in resolve_target_modules(model.model, spec.target_modules)}
+    )
     config.update(
         peft_type="LORA",
         task_type="CAUSAL_LM",
@@ -46,7 +48,14 @@ def default_output_dir(tenant: Tenant) -> Path:
     return Path(os.environ.get("TWINKLE_OUTPUT_DIR", "output")) / tenant.name
 
 
-def save(model, tenant: Tenant, name: str, output_dir, save_optimizer: bool, consumed_train_samples: int | None) -> str:
+def save(
+    model,
+    tenant: Tenant,
+    name: str,
+    output_dir,
+    save_optimizer: bool,
+    consumed_train_samples: int | None,
+) -> str:
     ckpt.validate_checkpoint_name(name)
     final = Path(output_dir) / name if output_dir is not None else default_output_dir(tenant) / name
     progress = {
@@ -54,7 +63,9 @@ def save(model, tenant: Tenant, name: str, output_dir, save_optimizer: bool, con
         "cur_step": tenant.cur_step,
         "micro_step": tenant.micro_step,
         "consumed_train_samples": (
-            tenant.consumed_train_samples if consumed_train_samples is None else int(consumed_train_samples)
+            tenant.consumed_train_samples
+            if consumed_train_samples is None
+            else int(consumed_train_samples)
         ),
         "base_model": model.model_id,
         "has_optimizer": bool(save_optimizer and tenant.optimizer is not None),
@@ -80,20 +91,30 @@ def load_weights(model, tenant: Tenant, path: Path) -> None:
     if config_path.is_file():
         saved_rank = ckpt.read_json(config_path).get("r")
         if saved_rank is not None and saved_rank != tenant.spec.r:
-            raise ValueError(f"checkpoint {directory} has rank {saved_rank}, adapter {tenant.name!r} has rank {tenant.spec.r}")
-    load_adapter_state_dict(model.model, tenant.name, load_file(str(directory / ckpt.ADAPTER_WEIGHTS)))
+            raise ValueError(
+                f"checkpoint {directory} has rank {saved_rank}, adapter {tenant.name!r} has rank {tenant.spec.r}"
+            )
+    load_adapter_state_dict(
+        model.model, tenant.name, load_file(str(directory / ckpt.ADAPTER_WEIGHTS))
+    )
 
 
 def resume(model, tenant: Tenant, path: Path) -> dict[str, Any]:
     directory = ckpt.require_checkpoint(path)
     state_path = directory / ckpt.TRAINER_STATE
     if not state_path.is_file():
-        raise FileNotFoundError(f"{directory} has no {ckpt.TRAINER_STATE}: it cannot be resumed (use load())")
+        raise FileNotFoundError(
+            f"{directory} has no {ckpt.TRAINER_STATE}: it cannot be resumed (use load())"
+        )
     progress = ckpt.read_json(state_path)
     if not progress.get("has_optimizer"):
-        raise ValueError(f"{directory} was saved without optimizer state (save_optimizer=False): use load() for weights only")
+        raise ValueError(
+            f"{directory} was saved without optimizer state (save_optimizer=False): use load() for weights only"
+        )
     if progress.get("base_model") not in (None, model.model_id):
-        raise ValueError(f"{directory} was trained on {progress['base_model']}, this model is {model.model_id}")
+        raise ValueError(
+            f"{directory} was trained on {progress['base_model']}, this model is {model.model_id}"
+        )
     load_weights(model, tenant, directory)
     if tenant.optimizer is None:
         configs = progress.get("train_configs", {}).get("optimizer") or {"name": "Adam"}
@@ -101,19 +122,36 @@ def resume(model, tenant: Tenant, path: Path) -> dict[str, Any]:
         model.set_optimizer(configs.pop("name"), adapter_name=tenant.name, **configs)
     # Built before the optimizer state is loaded: a new scheduler resets the learning rate.
     scheduler_config = progress.get("train_configs", {}).get("lr_scheduler")
-    if tenant.scheduler is None and scheduler_config and (directory / ckpt.SCHEDULER_STATE).is_file():
+    if (
+        tenant.scheduler is None
+        and scheduler_config
+        and (directory / ckpt.SCHEDULER_STATE).is_file()
+    ):
         scheduler_config = dict(scheduler_config)
-        model.set_lr_scheduler(scheduler_config.pop("name"), adapter_name=tenant.name, **scheduler_config)
-    tenant.optimizer.load_state_dict(torch.load(directory / ckpt.OPTIMIZER_STATE, weights_only=False))
+        model.set_lr_scheduler(
+            scheduler_config.pop("name"), adapter_name=tenant.name, **scheduler_config
+        )
+    tenant.optimizer.load_state_dict(
+        torch.load(directory / ckpt.OPTIMIZER_STATE, weights_only=False)
+    )
     if tenant.scheduler is not None and (directory / ckpt.SCHEDULER_STATE).is_file():
-        tenant.scheduler.load_state_dict(torch.load(directory / ckpt.SCHEDULER_STATE, weights_only=False))
+        tenant.scheduler.load_state_dict(
+            torch.load(directory / ckpt.SCHEDULER_STATE, weights_only=False)
+        )
     ckpt.restore_rng_state(torch.load(directory / ckpt.RNG_STATE, weights_only=False))
     tenant.cur_step = int(progress["cur_step"])
     tenant.micro_step = int(progress.get("micro_step", 0))
     tenant.consumed_train_samples = int(progress["consumed_train_samples"])
     pending = directory / ckpt.PENDING_GRADS
-    grads = torch.load(pending, weights_only=False) if pending.is_file() else [None] * len(tenant.params)
+    grads = (
+        torch.load(pending, weights_only=False)
+        if pending.is_file()
+        else [None] * len(tenant.params)
+    )
     for param, grad in zip(tenant.params, grads):
         param.grad = None if grad is None else grad.to(param.device)
     tenant.pending_grads = pending.is_file()
-    return {k: progress[k] for k in ("cur_step", "consumed_train_samples", "micro_step", "adapter_name", "base_model")}
+    return {
+        k: progress[k]
+        for k in ("cur_step", "consumed_train_samples", "micro_step", "adapter_name", "base_model")
+    }

@@ -46,7 +46,9 @@ class ForwardState:
     loss: Any = None
 
 
-def collate(model: MultiLoraTransformersModel, tenant: Tenant, inputs: Any, kwargs: dict[str, Any]) -> ForwardState:
+def collate(
+    model: MultiLoraTransformersModel, tenant: Tenant, inputs: Any, kwargs: dict[str, Any]
+) -> ForwardState:
     """Turn the tenant's inputs into padded tensors, shifted targets and loss extras."""
     if is_collated(inputs):
         tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
@@ -72,9 +74,15 @@ def collate(model: MultiLoraTransformersModel, tenant: Tenant, inputs: Any, kwar
         if value is None and key in tensors and key not in _PAD_VALUES:
             value = tensors[key]
         if value is not None:
-            value = _aligned_float(value, rows, seq, key) if aligned else as_float_tensor(value, rows, seq, key)
+            value = (
+                _aligned_float(value, rows, seq, key)
+                if aligned
+                else as_float_tensor(value, rows, seq, key)
+            )
         extras[key] = value
-    targets = _aligned_targets(tensors, vocab) if aligned else shift_left(tensors["labels"], IGNORE_INDEX)
+    targets = (
+        _aligned_targets(tensors, vocab) if aligned else shift_left(tensors["labels"], IGNORE_INDEX)
+    )
     loss = kwargs.pop("loss", None)
     return ForwardState(
         tenant=tenant.name,
@@ -111,7 +119,9 @@ def _aligned_float(value: Any, rows: int, seq: int, name: str) -> torch.Tensor:
     for i, row in enumerate(value):
         row = np.asarray(row, dtype=np.float32).reshape(-1)
         if row.shape[0] > seq:
-            raise ValueError(f"{name}: row {i} has {row.shape[0]} values, longer than its {seq} tokens")
+            raise ValueError(
+                f"{name}: row {i} has {row.shape[0]} values, longer than its {seq} tokens"
+            )
         out[i, : row.shape[0]] = torch.from_numpy(row)
     return out
 
@@ -133,7 +143,9 @@ def _check_lengths(tenant: Tenant, template: Any, features: list[Any]) -> None:
     for i, feature in enumerate(features):
         length = len(feature["input_ids"])
         if length > limit:
-            raise ValueError(f"adapter {tenant.name!r}: sample {i} has {length} tokens, over max_length={limit}")
+            raise ValueError(
+                f"adapter {tenant.name!r}: sample {i} has {length} tokens, over max_length={limit}"
+            )
 
 
 def _pad_to(tensor: torch.Tensor, seq: int, value: float | int) -> torch.Tensor:
@@ -143,13 +155,17 @@ def _pad_to(tensor: torch.Tensor, seq: int, value: float | int) -> torch.Tensor:
     return torch.cat([tensor, pad], dim=1)
 
 
-def run_base(model: MultiLoraTransformersModel, states: list[ForwardState], routes: list[RowRoute] | None) -> torch.Tensor:
+def run_base(
+    model: MultiLoraTransformersModel, states: list[ForwardState], routes: list[RowRoute] | None
+) -> torch.Tensor:
     """One forward over the rows of ``states`` stacked (right-padded to a common length)."""
     seq = max(s.tensors["input_ids"].shape[1] for s in states)
     batch = {}
     for key, pad in _PAD_VALUES.items():
         if all(key in s.tensors for s in states):
-            batch[key] = torch.cat([_pad_to(s.tensors[key], seq, pad) for s in states]).to(model.device)
+            batch[key] = torch.cat([_pad_to(s.tensors[key], seq, pad) for s in states]).to(
+                model.device
+            )
     batch.pop("labels", None)
     with model.router.route(routes or []):
         return model.model(**batch, use_cache=False).logits
@@ -170,12 +186,16 @@ def _attach_logprobs(states: list[ForwardState], logits: torch.Tensor, attr: str
         rows, state_seq = state.targets.shape
         setattr(state, attr, logprobs[row : row + rows, :state_seq])
         if predicted is not None:
-            hits = (predicted[row : row + rows, :state_seq] == state.targets) & (state.targets != IGNORE_INDEX)
+            hits = (predicted[row : row + rows, :state_seq] == state.targets) & (
+                state.targets != IGNORE_INDEX
+            )
             state.correct = int(hits.sum())
         row += rows
 
 
-def forward_states(model: MultiLoraTransformersModel, states: list[ForwardState], grad: bool) -> None:
+def forward_states(
+    model: MultiLoraTransformersModel, states: list[ForwardState], grad: bool
+) -> None:
     """Fill each state's log-probs (one fused pass) and, where its loss wants them, reference log-probs."""
     routes, row = [], 0
     for state in states:
@@ -183,7 +203,11 @@ def forward_states(model: MultiLoraTransformersModel, states: list[ForwardState]
         row += state.num_samples
     with torch.set_grad_enabled(grad):
         _attach_logprobs(states, run_base(model, states, routes), "logprobs")
-    needing_ref = [s for s in states if getattr(s.loss or model.tenants[s.tenant].loss, "needs_reference", False)]
+    needing_ref = [
+        s
+        for s in states
+        if getattr(s.loss or model.tenants[s.tenant].loss, "needs_reference", False)
+    ]
     if needing_ref:
         with torch.no_grad():
             _attach_logprobs(needing_ref, run_base(model, needing_ref, routes=None), "ref_logprobs")

@@ -45,8 +45,10 @@ def as_float_tensor(value: Any, rows: int, seq: int, name: str) -> torch.Tensor:
     """
     if isinstance(value, torch.Tensor):
         value = value.detach().cpu().numpy()
-    if isinstance(value, np.ndarray) and value.ndim <= 1 or (
-        isinstance(value, (list, tuple)) and all(np.ndim(v) == 0 for v in value)
+    if (
+        isinstance(value, np.ndarray)
+        and value.ndim <= 1
+        or (isinstance(value, (list, tuple)) and all(np.ndim(v) == 0 for v in value))
     ):
         array = np.asarray(value, dtype=np.float32).reshape(-1)
         if array.shape[0] != rows:
@@ -59,7 +61,9 @@ def as_float_tensor(value: Any, rows: int, seq: int, name: str) -> torch.Tensor:
     for i, row in enumerate(rows_list):
         row = np.asarray(row, dtype=np.float32).reshape(-1)
         if row.shape[0] > seq:
-            raise ValueError(f"{name}: row {i} has {row.shape[0]} values, longer than its {seq} tokens")
+            raise ValueError(
+                f"{name}: row {i} has {row.shape[0]} values, longer than its {seq} tokens"
+            )
         out[i, : row.shape[0]] = torch.from_numpy(row)
     return shift_left(out, 0.0)
 

@@ -75,7 +75,13 @@ class MultiLoraTransformersModel:
         self.tenants: dict[str, Tenant] = {}
 
     # ----------------------------------------------------------------- adapters
-    def add_adapter_to_model(self, adapter_name: str, config: Any = None, gradient_accumulation_steps: int = 1, **kwargs: Any) -> None:
+    def add_adapter_to_model(
+        self,
+        adapter_name: str,
+        config: Any = None,
+        gradient_accumulation_steps: int = 1,
+        **kwargs: Any,
+    ) -> None:
         """Create tenant ``adapter_name`` with its own LoRA adapter (``peft.LoraConfig``).
 
         Raises:
@@ -86,7 +92,9 @@ class MultiLoraTransformersModel:
         if self.max_adapters is not None and len(self.tenants) >= self.max_adapters:
             raise ValueError(f"{type(self).__name__} holds at most {self.max_adapters} adapter(s)")
         if not isinstance(gradient_accumulation_steps, int) or gradient_accumulation_steps < 1:
-            raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {gradient_accumulation_steps!r}")
+            raise ValueError(
+                f"gradient_accumulation_steps must be an integer >= 1, got {gradient_accumulation_steps!r}"
+            )
         spec = adapter_spec_from_config(adapter_name, config, seed=kwargs.pop("seed", self.seed))
         if kwargs:
             raise TypeError(f"unexpected arguments: {', '.join(kwargs)}")
@@ -117,7 +125,9 @@ class MultiLoraTransformersModel:
                 return next(iter(self.tenants.values()))
             if not self.tenants:
                 raise ValueError("no adapter on this model: call add_adapter_to_model first")
-            raise ValueError(f"several adapters exist ({', '.join(self.tenants)}): pass adapter_name=")
+            raise ValueError(
+                f"several adapters exist ({', '.join(self.tenants)}): pass adapter_name="
+            )
         if adapter_name not in self.tenants:
             known = ", ".join(self.tenants) or "none"
             raise ValueError(f"unknown adapter {adapter_name!r}; adapters on this model: {known}")
@@ -163,25 +173,36 @@ class MultiLoraTransformersModel:
 
         tenant = self._tenant(adapter_name)
         tenant.loss = get_loss(loss, **kwargs)
-        tenant.loss_config = {"name": getattr(tenant.loss, "name", type(tenant.loss).__name__), **kwargs}
+        tenant.loss_config = {
+            "name": getattr(tenant.loss, "name", type(tenant.loss).__name__),
+            **kwargs,
+        }
 
     def set_optimizer(self, optimizer: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
         """Set the tenant's optimizer (``'Adam'``, ``'AdamW'``, ``'SGD'`` or a class), e.g. ``lr=1e-4``."""
         tenant = self._tenant(adapter_name)
         tenant.optimizer = build_optimizer(optimizer, tenant.params, **kwargs)
-        tenant.optimizer_config = {"name": optimizer if isinstance(optimizer, str) else optimizer.__name__, **kwargs}
+        tenant.optimizer_config = {
+            "name": optimizer if isinstance(optimizer, str) else optimizer.__name__,
+            **kwargs,
+        }
         if tenant.scheduler_config is not None:
             config = dict(tenant.scheduler_config)
             tenant.scheduler = build_scheduler(config.pop("name"), tenant.optimizer, **config)
 
-    def set_lr_scheduler(self, scheduler: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
+    def set_lr_scheduler(
+        self, scheduler: Any, adapter_name: str | None = None, **kwargs: Any
+    ) -> None:
         """Set the tenant's learning-rate scheduler (``'LinearLR'``, ``'cosine'``, ``'constant'``, ...)."""
         tenant = self._tenant(adapter_name)
         check_scheduler_name(scheduler)
         if tenant.optimizer is None:
             self.set_optimizer("AdamW", adapter_name=tenant.name)
         tenant.scheduler = build_scheduler(scheduler, tenant.optimizer, **kwargs)
-        tenant.scheduler_config = {"name": scheduler if isinstance(scheduler, str) else scheduler.__name__, **kwargs}
+        tenant.scheduler_config = {
+            "name": scheduler if isinstance(scheduler, str) else scheduler.__name__,
+            **kwargs,
+        }
 
     def get_train_configs(self, adapter_name: str | None = None) -> TrainConfigs:
         """The tenant's configuration, as a pydantic model (``.model_dump()``)."""
@@ -198,7 +219,9 @@ class MultiLoraTransformersModel:
         return tenant.processor
 
     # ----------------------------------------------------------------- training
-    def forward(self, inputs: Any, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
+    def forward(
+        self, inputs: Any, adapter_name: str | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
         """Forward with gradients kept for a later ``calculate_loss`` + ``backward``."""
         tenant = self._tenant(adapter_name)
         tenant.last_forward = _steps.forward(self, tenant, inputs, kwargs, grad=True)
@@ -218,12 +241,16 @@ class MultiLoraTransformersModel:
         tenant = self._tenant(adapter_name)
         state = tenant.last_forward
         if state is None or state.loss_output is None:
-            raise RuntimeError(f"adapter {tenant.name!r}: call forward and calculate_loss before backward")
+            raise RuntimeError(
+                f"adapter {tenant.name!r}: call forward and calculate_loss before backward"
+            )
         (state.loss_output.loss / tenant.gradient_accumulation_steps).backward()
         _steps.record_train_metrics(tenant, state)
         tenant.last_forward = None
 
-    def forward_backward(self, inputs: Any, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
+    def forward_backward(
+        self, inputs: Any, adapter_name: str | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
         """Forward, loss and backward for one micro-batch of the tenant.
 
         Args:
@@ -235,11 +262,13 @@ class MultiLoraTransformersModel:
         Returns:
             ``{'loss': float, 'logprobs': [per-row target log-probs], 'num_tokens': int}``.
         """
-        return self.forward_backward_many({self._tenant(adapter_name).name: {"inputs": inputs, **kwargs}})[
-            self._tenant(adapter_name).name
-        ]
+        return self.forward_backward_many(
+            {self._tenant(adapter_name).name: {"inputs": inputs, **kwargs}}
+        )[self._tenant(adapter_name).name]
 
-    def forward_backward_many(self, requests: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    def forward_backward_many(
+        self, requests: dict[str, dict[str, Any]]
+    ) -> dict[str, dict[str, Any]]:
         """One base-model pass for several tenants' micro-batches, each row with its own adapter.
 
         Args:
@@ -252,7 +281,9 @@ class MultiLoraTransformersModel:
         """
         return _steps.fused_forward_backward(self, requests)
 
-    def forward_only(self, inputs: Any, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
+    def forward_only(
+        self, inputs: Any, adapter_name: str | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
         """Forward without gradients; returns loss and per-row target log-probabilities."""
         tenant = self._tenant(adapter_name)
         with torch.no_grad():
@@ -266,7 +297,9 @@ class MultiLoraTransformersModel:
         tenant = self._tenant(adapter_name)
         grads = [p for p in tenant.params if p.grad is not None]
         if not grads:
-            raise RuntimeError(f"adapter {tenant.name!r} has no gradients: call forward_backward first")
+            raise RuntimeError(
+                f"adapter {tenant.name!r} has no gradients: call forward_backward first"
+            )
         norm = torch.nn.utils.clip_grad_norm_(grads, max_grad_norm)
         tenant.last_grad_norm = float(norm)
         return tenant.last_grad_norm
@@ -275,7 +308,9 @@ class MultiLoraTransformersModel:
         """One optimizer step for the tenant (Adam with lr 1e-4 if none was set)."""
         tenant = self._tenant(adapter_name)
         if not tenant.pending_grads:
-            raise RuntimeError(f"adapter {tenant.name!r} has no gradients: call forward_backward before step")
+            raise RuntimeError(
+                f"adapter {tenant.name!r} has no gradients: call forward_backward before step"
+            )
         if tenant.optimizer is None:
             self.set_optimizer("Adam", adapter_name=tenant.name, lr=1e-4)
         tenant.optimizer.step()
@@ -292,12 +327,16 @@ class MultiLoraTransformersModel:
         if tenant.scheduler is not None:
             tenant.scheduler.step()
 
-    def clip_grad_and_step(self, max_grad_norm: float = 1.0, adapter_name: str | None = None) -> bool:
+    def clip_grad_and_step(
+        self, max_grad_norm: float = 1.0, adapter_name: str | None = None
+    ) -> bool:
         """``clip_grad_norm`` + ``step`` + ``zero_grad`` + ``lr_step`` once every
         ``gradient_accumulation_steps`` calls; returns whether the optimizer stepped."""
         tenant = self._tenant(adapter_name)
         if not tenant.pending_grads:
-            raise RuntimeError(f"adapter {tenant.name!r} has no gradients: call forward_backward before step")
+            raise RuntimeError(
+                f"adapter {tenant.name!r} has no gradients: call forward_backward before step"
+            )
         tenant.micro_step += 1
         if tenant.micro_step % tenant.gradient_accumulation_steps:
             return False
@@ -315,8 +354,15 @@ class MultiLoraTransformersModel:
         return Metric(result=result)
 
     # -------------------------------------------------------------- checkpoints
-    def save(self, name: str, output_dir: str | os.PathLike | None = None, save_optimizer: bool = False,
-             consumed_train_samples: int | None = None, adapter_name: str | None = None, **kwargs: Any) -> str:
+    def save(
+        self,
+        name: str,
+        output_dir: str | os.PathLike | None = None,
+        save_optimizer: bool = False,
+        consumed_train_samples: int | None = None,
+        adapter_name: str | None = None,
+        **kwargs: Any,
+    ) -> str:
         """Save the tenant's adapter (PEFT layout) and, optionally, its full training state.
 
         Args:
@@ -330,7 +376,14 @@ class MultiLoraTransformersModel:
         """
         from twinkle.model.transformers import _checkpoints
 
-        return _checkpoints.save(self, self._tenant(adapter_name), name, output_dir, save_optimizer, consumed_train_samples)
+        return _checkpoints.save(
+            self,
+            self._tenant(adapter_name),
+            name,
+            output_dir,
+            save_optimizer,
+            consumed_train_samples,
+        )
 
     def load(self, path: str | os.PathLike, adapter_name: str | None = None, **kwargs: Any) -> None:
         """Load adapter weights only (no optimizer or progress) from a checkpoint directory."""
@@ -338,7 +391,9 @@ class MultiLoraTransformersModel:
 
         _checkpoints.load_weights(self, self._tenant(adapter_name), Path(path))
 
-    def resume_from_checkpoint(self, path: str | os.PathLike, adapter_name: str | None = None) -> dict[str, Any]:
+    def resume_from_checkpoint(
+        self, path: str | os.PathLike, adapter_name: str | None = None
+    ) -> dict[str, Any]:
         """Restore weights, optimizer, scheduler, RNG and progress; returns the progress dict
         (``cur_step``, ``consumed_train_samples``, ...)."""
         from twinkle.model.transformers import _checkpoints
@@ -349,7 +404,9 @@ class MultiLoraTransformersModel:
         """A copy of the tenant's adapter weights, PEFT-keyed."""
         return adapter_state_dict(self.model, self._tenant(adapter_name).name)
 
-    def load_adapter_state_dict(self, state: dict[str, torch.Tensor], adapter_name: str | None = None) -> None:
+    def load_adapter_state_dict(
+        self, state: dict[str, torch.Tensor], adapter_name: str | None = None
+    ) -> None:
         load_adapter_state_dict(self.model, self._tenant(adapter_name).name, state)
 
     def routes(self, routes: list[RowRoute]):
