@@ -90,11 +90,15 @@ class HttpTransport:
         """
         url = f"{self.base_url}{path}"
         retries = self.max_retries if retries is None else retries
-        extra = {} if timeout is None else {"timeout": httpx.Timeout(timeout, connect=None)}
+        request_timeout = (
+            httpx.USE_CLIENT_DEFAULT if timeout is None else httpx.Timeout(timeout, connect=None)
+        )
         attempt = 0
         while True:
             try:
-                response = self._http.request(method, path, json=json, params=params, **extra)
+                response = self._http.request(
+                    method, path, json=json, params=params, timeout=request_timeout
+                )
             except httpx.ConnectError as exc:
                 raise ServerUnavailableError(
                     f"cannot connect to the Twinkle server at {self.base_url} ({exc}); is it "

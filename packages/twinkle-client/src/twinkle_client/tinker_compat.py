@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import os
 import uuid
-from typing import Any
+from typing import Any, overload
 
 TINKER_PREFIX = "tml-"
 _PATCHED = "_twinkle_patched"
@@ -28,6 +28,10 @@ def to_tinker_path(path: Any) -> Any:
     return path
 
 
+@overload
+def tinker_api_key(key: str) -> str: ...
+@overload
+def tinker_api_key(key: None) -> None: ...
 def tinker_api_key(key: str | None) -> str | None:
     """A key the SDK accepts: ``tml-`` keys and JWTs as they are, others prefixed with ``tml-``."""
     if not key or key.startswith((TINKER_PREFIX, "eyJ")):
@@ -82,7 +86,8 @@ def _patch_service_client() -> None:
             headers.setdefault("Authorization", f"Bearer {raw}")
         original(self, *args, api_key=key, default_headers_overrides=headers, **kwargs)
 
-    ServiceClient.__init__ = __init__
+    # Patching the SDK's method in place; mypy forbids assigning to a method.
+    ServiceClient.__init__ = __init__  # type: ignore[method-assign]
 
 
 def _patch_auth() -> None:
@@ -95,7 +100,8 @@ def _patch_auth() -> None:
     def __init__(self, api_key: str) -> None:
         original_init(self, tinker_api_key(api_key))
 
-    auth.ApiKeyAuthProvider.__init__ = __init__
+    # Patching the SDK's method in place; mypy forbids assigning to a method.
+    auth.ApiKeyAuthProvider.__init__ = __init__  # type: ignore[method-assign]
     original_flow = auth.AuthTokenProvider.async_auth_flow
 
     async def async_auth_flow(self, request):
@@ -109,7 +115,8 @@ def _patch_auth() -> None:
         except StopAsyncIteration:
             return
 
-    auth.AuthTokenProvider.async_auth_flow = async_auth_flow
+    # Patching the SDK's method in place; mypy forbids assigning to a method.
+    auth.AuthTokenProvider.async_auth_flow = async_auth_flow  # type: ignore[method-assign]
 
 
 def _patch_paths() -> None:
@@ -118,14 +125,19 @@ def _patch_paths() -> None:
     from tinker.lib import internal_client_holder as holder
     from tinker.lib.public_interfaces import service_client, training_client
 
-    parse = types.ParsedCheckpointTinkerPath.from_tinker_path.__func__
+    ParsedPath, Holder = types.ParsedCheckpointTinkerPath, holder.InternalClientHolder
+    # A classmethod read from its class is a bound method, whose __func__ takes ``cls`` again (so
+    # the patch still builds subclasses); the SDK's annotation of it as a plain callable hides that.
+    parse = ParsedPath.from_tinker_path.__func__  # type: ignore[attr-defined]
 
     def from_tinker_path(cls, tinker_path: str):
         return parse(cls, to_tinker_path(tinker_path))
 
-    types.ParsedCheckpointTinkerPath.from_tinker_path = classmethod(from_tinker_path)
+    # Patching the SDK's classmethod in place; mypy forbids assigning to a method (and its type).
+    patched = classmethod(from_tinker_path)
+    ParsedPath.from_tinker_path = patched  # type: ignore[method-assign,assignment]
 
-    create_session = holder.InternalClientHolder._create_sampling_session
+    create_session = Holder._create_sampling_session
 
     async def _create_sampling_session(
         self, model_path: str | None = None, base_model: str | None = None
@@ -134,7 +146,8 @@ def _patch_paths() -> None:
             self, model_path=to_tinker_path(model_path), base_model=base_model
         )
 
-    holder.InternalClientHolder._create_sampling_session = _create_sampling_session
+    # Patching the SDK's method in place; mypy forbids assigning to a method.
+    Holder._create_sampling_session = _create_sampling_session  # type: ignore[method-assign]
     for cls, names in (
         (
             service_client.ServiceClient,

@@ -21,17 +21,18 @@ _FETCH_CHUNK = 256
 def meta_to_wire(meta: DatasetMeta) -> dict[str, Any]:
     """A ``DatasetMeta`` as JSON (ranges and slices as ``{'range': [start, stop, step]}``)."""
     selection = meta.data_slice
+    wire_slice: dict[str, list[Any]] | list[int] | None = None
     if isinstance(selection, range):
-        selection = {"range": [selection.start, selection.stop, selection.step]}
+        wire_slice = {"range": [selection.start, selection.stop, selection.step]}
     elif isinstance(selection, slice):
-        selection = {"slice": [selection.start, selection.stop, selection.step]}
+        wire_slice = {"slice": [selection.start, selection.stop, selection.step]}
     elif selection is not None:
-        selection = [int(i) for i in selection]
+        wire_slice = [int(i) for i in selection]
     return {
         "dataset_id": meta.dataset_id,
         "subset_name": meta.subset_name,
         "split": meta.split,
-        "data_slice": selection,
+        "data_slice": wire_slice,
         "data": None if meta.data is None else jsonable(list(meta.data)),
     }
 

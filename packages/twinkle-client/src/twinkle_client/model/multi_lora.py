@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from twinkle_client._wire import jsonable, training_inputs
@@ -314,7 +315,7 @@ def lora_config_dict(config: Any) -> dict[str, Any]:
     for key, value in values.items():
         if isinstance(value, set):
             value = sorted(value)
-        elif hasattr(value, "value") and isinstance(value, str):  # str enums (peft's PeftType)
+        elif isinstance(value, str) and isinstance(value, Enum):  # str enums (peft's PeftType)
             value = value.value
         value = jsonable(value)
         if _is_json(value):

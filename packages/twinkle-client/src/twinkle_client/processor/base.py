@@ -97,9 +97,9 @@ class InputProcessor:
         for key in keys:
             if key in _BUILT_KEYS or key in _SKIPPED_KEYS:
                 continue
-            values = [np.asarray(s[key]) if key in s else None for s in samples]
-            if any(v is None for v in values):
+            if any(key not in s for s in samples):
                 raise ValueError(f"key {key!r} is present in only some samples of the batch")
+            values = [np.asarray(s[key]) for s in samples]
             if any(v.dtype.kind not in "biuf" for v in values):
                 continue
             if all(v.ndim == 0 for v in values):

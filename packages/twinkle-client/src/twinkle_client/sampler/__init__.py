@@ -1,7 +1,7 @@
 """Remote sampling: the ``twinkle.sampler`` API, run by the server's sampler deployment.
 
-Results are the same types as ``twinkle.sampler`` (numpy-only twins): one :class:`SampleResult`
-per input, which is also a training sample for ``model.forward_backward``.
+Results are the same types as ``twinkle.sampler`` (defined here, re-exported there): one
+:class:`SampleResult` per input, which is also a training sample for ``model.forward_backward``.
 """
 
 from twinkle_client.sampler.remote import Sampler, TorchSampler, vLLMSampler

@@ -1,7 +1,7 @@
 """What a sampling call takes (``SamplingParams``) and returns (``SampleResult`` per input).
 
-Numpy-only twins of ``twinkle.sampler.types``: the same fields, methods and behaviour, so code
-written against the local sampler reads remote results unchanged.
+Numpy only; ``twinkle.sampler.types`` re-exports these classes, so code written against the
+local sampler reads remote results unchanged.
 
 A result doubles as a training sample: ``SampleResult`` is a read-only mapping with ``input_ids``
 (prompt + completion), ``labels`` (``-100`` on the prompt) and ``old_logprobs`` (the sampler's
@@ -80,11 +80,14 @@ class SamplingParams:
 
         Raises:
             ValueError: On an unknown key or an invalid value.
+            TypeError: If ``value`` is neither params, a mapping nor ``None``.
         """
         if value is None:
             return cls()
         if isinstance(value, cls):
             return value
+        if not isinstance(value, Mapping):
+            raise TypeError(f"sampling_params must be a mapping, got {type(value).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(value) - known)
         if unknown:

@@ -1,126 +1,15 @@
-"""``InputProcessor``: pads a list of ``InputFeature``s into one batch of tensors."""
+"""``InputProcessor``: pads a list of ``InputFeature``s into one batch of tensors.
 
-from __future__ import annotations
+Defined in ``twinkle_client.processor.base`` (numpy; torch is imported only when a batch is
+converted with ``return_tensors='pt'``) and re-exported here, so local and remote code collate
+with the very same class.
+"""
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from twinkle_client.processor.base import (
+    IGNORE_INDEX,
+    PADDING_SIDES,
+    RETURN_TENSORS,
+    InputProcessor,
+)
 
-import numpy as np
-
-from twinkle.data_format import InputFeature
-
-IGNORE_INDEX = -100
-PADDING_SIDES = ("left", "right")
-RETURN_TENSORS = ("pt", "np")
-
-# Keys built here, and per-sample metadata that is not a model input.
-_BUILT_KEYS = ("input_ids", "labels", "attention_mask", "position_ids")
-_SKIPPED_KEYS = ("length",)
-
-
-class InputProcessor:
-    """Collates samples of different lengths into ``[B, T]`` arrays.
-
-    Output keys: ``input_ids`` (padded with ``pad_token_id``), ``attention_mask`` (1 on real
-    tokens), ``labels`` (``-100`` on padding, and everywhere for a sample without labels) and
-    ``position_ids`` (0, 1, ... over the real tokens, 0 on padding). Other per-sample numeric
-    keys ride along: arrays of length ``T`` are padded with 0 (e.g. ``advantages``, ``logprobs``),
-    scalars are stacked into ``[B]``. Non-numeric values (strings, dicts) are left out.
-
-    Args:
-        padding_side: ``'right'`` for training, ``'left'`` for generation.
-        pad_token_id: Id used for padding; ``None`` means 0 (the padded positions are masked).
-        return_tensors: ``'pt'`` for torch tensors, ``'np'`` for numpy arrays (no torch import).
-
-    Raises:
-        ValueError: On an unknown ``padding_side`` or ``return_tensors``.
-    """
-
-    def __init__(
-        self,
-        padding_side: str = "right",
-        pad_token_id: int | None = None,
-        return_tensors: str = "pt",
-    ) -> None:
-        if padding_side not in PADDING_SIDES:
-            raise ValueError(f"padding_side must be one of {PADDING_SIDES}, got {padding_side!r}")
-        if return_tensors not in RETURN_TENSORS:
-            raise ValueError(
-                f"return_tensors must be one of {RETURN_TENSORS}, got {return_tensors!r}"
-            )
-        self.padding_side = padding_side
-        self.pad_token_id = pad_token_id
-        self.return_tensors = return_tensors
-
-    def __repr__(self) -> str:
-        return (
-            f"InputProcessor(padding_side={self.padding_side!r}, "
-            f"pad_token_id={self.pad_token_id!r}, return_tensors={self.return_tensors!r})"
-        )
-
-    def __call__(self, features: Sequence[InputFeature | Mapping[str, Any]]) -> dict[str, Any]:
-        """Pad and stack ``features`` into a batch.
-
-        Raises:
-            ValueError: On an empty batch, a key present in only some samples, or a per-token
-                array whose length differs from its sample's ``input_ids``.
-        """
-        if not features:
-            raise ValueError("cannot collate an empty batch")
-        samples = [InputFeature.coerce(f) for f in features]
-        lengths = np.array([s["input_ids"].shape[0] for s in samples])
-        width = int(lengths.max())
-        pad_id = 0 if self.pad_token_id is None else self.pad_token_id
-        mask_BT = self._pad([np.ones(n, np.int64) for n in lengths], width, 0)
-        batch = {
-            "input_ids": self._pad([s["input_ids"] for s in samples], width, pad_id),
-            "attention_mask": mask_BT,
-            "labels": self._pad([s["labels"] for s in samples], width, IGNORE_INDEX),
-            "position_ids": np.maximum(np.cumsum(mask_BT, axis=1) - 1, 0) * mask_BT,
-        }
-        batch.update(self._extras(samples, lengths, width))
-        return self._convert(batch)
-
-    def _pad(self, rows: list[np.ndarray], width: int, value: Any) -> np.ndarray:
-        dtype = np.result_type(*[r.dtype for r in rows])
-        out = np.full((len(rows), width), value, dtype=dtype)
-        for i, row in enumerate(rows):
-            if self.padding_side == "right":
-                out[i, : row.shape[0]] = row
-            else:
-                out[i, width - row.shape[0] :] = row
-        return out
-
-    def _extras(self, samples: list[InputFeature], lengths: np.ndarray, width: int) -> dict:
-        keys = dict.fromkeys(k for s in samples for k in s)
-        extras = {}
-        for key in keys:
-            if key in _BUILT_KEYS or key in _SKIPPED_KEYS:
-                continue
-            values = [np.asarray(s[key]) if key in s else None for s in samples]
-            if any(v is None for v in values):
-                raise ValueError(f"key {key!r} is present in only some samples of the batch")
-            if any(v.dtype.kind not in "biuf" for v in values):
-                continue
-            if all(v.ndim == 0 for v in values):
-                extras[key] = _narrow(np.stack(values))
-                continue
-            for value, n in zip(values, lengths):
-                if value.shape != (n,):
-                    raise ValueError(
-                        f"{key!r} has shape {value.shape}, expected ({n},) like its input_ids"
-                    )
-            extras[key] = _narrow(self._pad(values, width, 0))
-        return extras
-
-    def _convert(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
-        if self.return_tensors == "np":
-            return batch
-        import torch
-
-        return {key: torch.from_numpy(np.ascontiguousarray(value)) for key, value in batch.items()}
-
-
-def _narrow(array: np.ndarray) -> np.ndarray:
-    """float64 -> float32: models compute in float32 or lower, and float64 would upcast losses."""
-    return array.astype(np.float32) if array.dtype == np.float64 else array
+__all__ = ["IGNORE_INDEX", "PADDING_SIDES", "RETURN_TENSORS", "InputProcessor"]

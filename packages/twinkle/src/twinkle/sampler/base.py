@@ -37,6 +37,7 @@ class Sampler(ABC):
     def __init__(self, model_id: str) -> None:
         self.model_id = model_id
         self.template = None
+        self._named: dict[str, str] = {}
 
     def set_template(self, template: Any, model_id: str | None = None, **kwargs: Any) -> None:
         """Use ``template`` (a name such as ``'Qwen3_5Template'``, a class or an instance) to
@@ -95,6 +96,22 @@ class Sampler(ABC):
         if adapter_name is not None and adapter_uri is not None:
             raise ValueError("pass adapter_uri or adapter_name, not both")
         return self._generate(prompts, params, uris, adapter_name)
+
+    def _named_adapter_uris(
+        self, adapter_name: str | None, adapter_uris: list[str | None]
+    ) -> list[str | None]:
+        """``adapter_uris``, or the adapter loaded as ``adapter_name`` for every prompt.
+
+        Raises:
+            ValueError: If no adapter was loaded under ``adapter_name``.
+        """
+        if adapter_name is None:
+            return adapter_uris
+        if adapter_name not in self._named:
+            raise ValueError(
+                f"unknown adapter_name {adapter_name!r}; load it with load_adapter(uri, adapter_name=...)"
+            )
+        return [self._named[adapter_name]] * len(adapter_uris)
 
     @abstractmethod
     def _generate(

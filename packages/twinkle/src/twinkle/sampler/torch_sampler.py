@@ -58,7 +58,6 @@ class TorchSampler(Sampler):
         self.adapters = AdapterPool(
             self.model, self.router, model_id, self.model_dir, max_loras, allowed_adapter_dirs
         )
-        self._named: dict[str, str] = {}
         self._cache_kwarg = (
             "cache"
             if "cache" in inspect.signature(self.model.forward).parameters
@@ -80,12 +79,7 @@ class TorchSampler(Sampler):
         adapter_uris: list[str | None],
         adapter_name: str | None,
     ) -> SampleResponse:
-        if adapter_name is not None:
-            if adapter_name not in self._named:
-                raise ValueError(
-                    f"unknown adapter_name {adapter_name!r}; load it with load_adapter(uri, adapter_name=...)"
-                )
-            adapter_uris = [self._named[adapter_name]] * len(prompts)
+        adapter_uris = self._named_adapter_uris(adapter_name, adapter_uris)
         names = self.adapters.acquire([u for u in adapter_uris if u is not None])
         n = params.num_samples
         row_prompts = [p.tokens for p in prompts for _ in range(n)]

@@ -1,188 +1,25 @@
 """What a sampling call takes (``SamplingParams``) and returns (``SampleResult`` per input).
 
-A result doubles as a training sample: ``SampleResult`` is a read-only mapping with ``input_ids``
-(prompt + completion), ``labels`` (``-100`` on the prompt) and ``old_logprobs`` (the sampler's
-log-probability of each completion token, aligned with ``input_ids``), so
-``model.forward_backward(inputs=responses, advantages=...)`` trains on what ``sample`` returned.
+Defined in ``twinkle_client.sampler.types`` (numpy only) and re-exported here, so local and
+remote samplers return the very same classes.
 """
 
-from __future__ import annotations
+from twinkle_client.sampler.types import (
+    IGNORE_INDEX,
+    SampledSequence,
+    SampleResponse,
+    SampleResult,
+    SamplingParams,
+    StopReason,
+    training_feature,
+)
 
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any, Literal
-
-import numpy as np
-
-from twinkle.data_format import InputFeature
-
-IGNORE_INDEX = -100
-StopReason = Literal["stop", "length"]
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to sample; the defaults follow vLLM.
-
-    Attributes:
-        max_tokens: Most tokens to generate per sequence; ``0`` computes prompt log-probs only.
-        temperature: Softmax temperature; ``0`` is greedy decoding.
-        top_p: Nucleus sampling mass, in ``(0, 1]``.
-        top_k: Keep the ``k`` most likely tokens; ``-1`` (or 0) keeps all.
-        seed: Seed of the per-sequence random generators; the same seed gives the same samples
-            whatever else is in the batch. ``None`` draws seeds from torch's global RNG.
-        stop: Strings that end a sequence (excluded from ``text``).
-        stop_token_ids: Token ids that end a sequence (kept in ``tokens``); the template's
-            end-of-turn token always stops.
-        num_samples: Sequences per input.
-        repetition_penalty: > 1 discourages tokens already in the prompt or the completion.
-        logprobs: Return the log-probability of each sampled token.
-        prompt_logprobs: Return the log-probability of each prompt token (``None`` at 0).
-
-    Raises:
-        ValueError: On a negative ``max_tokens`` or ``temperature``, ``top_p`` outside
-            ``(0, 1]``, ``num_samples < 1`` or a non-positive ``repetition_penalty``.
-    """
-
-    max_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    num_samples: int = 1
-    repetition_penalty: float = 1.0
-    logprobs: bool = True
-    prompt_logprobs: bool = False
-
-    def __post_init__(self) -> None:
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-        object.__setattr__(self, "stop", stop)
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids or ()))
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 0:
-            raise ValueError(f"max_tokens must be an integer >= 0, got {self.max_tokens!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.num_samples, int) or self.num_samples < 1:
-            raise ValueError(f"num_samples must be an integer >= 1, got {self.num_samples!r}")
-        if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
-
-    @classmethod
-    def coerce(cls, value: SamplingParams | Mapping[str, Any] | None) -> SamplingParams:
-        """``None`` -> defaults; a dict -> validated params.
-
-        Raises:
-            ValueError: On an unknown key or an invalid value.
-        """
-        if value is None:
-            return cls()
-        if isinstance(value, cls):
-            return value
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"unknown sampling parameter(s) {unknown}; known: {sorted(known)}")
-        return cls(**dict(value))
-
-
-@dataclass
-class SampledSequence:
-    """One generated completion.
-
-    Attributes:
-        tokens: Generated token ids (a stop token, when one ended the sequence, included).
-        logprobs: ``log p(token)`` under the sampled model (raw logits, before temperature and
-            penalties), one per token; empty when ``logprobs=False``.
-        stop_reason: ``'stop'`` (stop token or string) or ``'length'`` (``max_tokens`` reached).
-        text: The decoded completion, special tokens and the stop string left out.
-    """
-
-    tokens: list[int]
-    logprobs: list[float]
-    stop_reason: StopReason
-    text: str = ""
-
-
-def training_feature(prompt_tokens: list[int], sequence: SampledSequence) -> InputFeature:
-    """A training sample from a prompt and one of its completions.
-
-    Prompt tokens are labelled ``-100``, completion tokens with themselves; ``old_logprobs`` is
-    aligned with ``input_ids`` (0 on the prompt), the layout ``forward_backward`` shifts like labels;
-    it is left out when the sequence has no log-probs (the loss then treats the rollout as on-policy).
-    """
-    prompt = list(prompt_tokens)
-    tokens = list(sequence.tokens)
-    feature = InputFeature(input_ids=prompt + tokens, labels=[IGNORE_INDEX] * len(prompt) + tokens)
-    if tokens and len(sequence.logprobs) == len(tokens):
-        feature["old_logprobs"] = np.asarray(
-            [0.0] * len(prompt) + list(sequence.logprobs), dtype=np.float32
-        )
-    return feature
-
-
-@dataclass
-class SampleResult(Mapping):
-    """The samples of one input.
-
-    With one sequence it is also that sequence's training sample (a mapping with ``input_ids``,
-    ``labels``, ``old_logprobs``); with several, use :meth:`features`.
-
-    Attributes:
-        prompt_tokens: The prompt as the model saw it.
-        sequences: ``num_samples`` completions.
-        prompt_logprobs: Per prompt token (``None`` at position 0) when asked for, else ``None``.
-        extra: The input's ``Trajectory.extra`` (e.g. a reference answer for a reward).
-    """
-
-    prompt_tokens: list[int]
-    sequences: list[SampledSequence]
-    prompt_logprobs: list[float | None] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def features(self) -> list[InputFeature]:
-        """One training sample per sequence (see :func:`training_feature`)."""
-        return [training_feature(self.prompt_tokens, seq) for seq in self.sequences]
-
-    def _single(self) -> InputFeature:
-        if len(self.sequences) != 1:
-            raise ValueError(
-                f"this result holds {len(self.sequences)} sequences, so it is not one training "
-                "sample: train on SampleResponse.features() (one row per sequence) instead"
-            )
-        return self.features()[0]
-
-    @property
-    def input_ids(self) -> np.ndarray:
-        """Prompt + completion token ids (single-sequence results)."""
-        return self["input_ids"]
-
-    @property
-    def labels(self) -> np.ndarray:
-        """``-100`` on the prompt, the completion tokens after it (single-sequence results)."""
-        return self["labels"]
-
-    def __getitem__(self, key: str) -> Any:
-        return self._single()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._single())
-
-    def __len__(self) -> int:
-        return len(self._single())
-
-
-class SampleResponse(list):
-    """What ``Sampler.sample`` returns: one :class:`SampleResult` per input, in input order."""
-
-    @property
-    def sequences(self) -> list[SampledSequence]:
-        """All sequences, input by input (each input's ``num_samples`` are contiguous)."""
-        return [seq for result in self for seq in result.sequences]
-
-    def features(self) -> list[InputFeature]:
-        """One training sample per sequence, in the order of :attr:`sequences`."""
-        return [feature for result in self for feature in result.features()]
+__all__ = [
+    "IGNORE_INDEX",
+    "SampleResponse",
+    "SampleResult",
+    "SampledSequence",
+    "SamplingParams",
+    "StopReason",
+    "training_feature",
+]

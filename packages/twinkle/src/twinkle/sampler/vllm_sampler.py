@@ -68,7 +68,6 @@ class vLLMSampler(Sampler):
         self._vllm = vllm
         self.llm = vllm.LLM(**args)
         self._lora_ids: dict[str, int] = {}
-        self._named: dict[str, str] = {}
 
     def load_adapter(self, adapter_uri: str | os.PathLike, adapter_name: str | None = None) -> None:
         """Check ``adapter_uri`` now (and name it, for ``sample(adapter_name=...)``)."""
@@ -94,12 +93,7 @@ class vLLMSampler(Sampler):
         adapter_uris: list[str | None],
         adapter_name: str | None,
     ) -> SampleResponse:
-        if adapter_name is not None:
-            if adapter_name not in self._named:
-                raise ValueError(
-                    f"unknown adapter_name {adapter_name!r}; load it with load_adapter(uri, adapter_name=...)"
-                )
-            adapter_uris = [self._named[adapter_name]] * len(prompts)
+        adapter_uris = self._named_adapter_uris(adapter_name, adapter_uris)
         requests = {u: self._lora_request(u) for u in dict.fromkeys(adapter_uris) if u is not None}
         want_prompt = params.prompt_logprobs or params.max_tokens == 0
         vllm_params = self._vllm.SamplingParams(

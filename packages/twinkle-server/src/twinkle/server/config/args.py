@@ -9,27 +9,21 @@ from pydantic import Field, model_validator
 
 from twinkle.server.config._base import StrictModel, fail, raise_if
 from twinkle.server.config.devices import DeviceGroup, DeviceMesh, placement_problems
+from twinkle_client.client import served_model_name
 
 logger = logging.getLogger("twinkle.server.config")
 
 MiB = 1024 * 1024
-_SCHEMES = ("ms://", "hf://", "tiny://")
 
 
 def base_model_name(model_id: str) -> str:
     """The name a model is served under: its id without the hub scheme.
 
     ``ms://Qwen/Qwen3.5-4B`` -> ``Qwen/Qwen3.5-4B``, ``tiny://qwen3.5`` -> ``tiny/qwen3.5``,
-    a local directory -> its last path component.
+    a local directory -> its last path component. The client's ``served_model_name`` is the one
+    rule, so the routes a client calls are the ones the server mounts.
     """
-    if model_id.startswith("tiny://"):
-        return "tiny/" + model_id.removeprefix("tiny://")
-    for scheme in _SCHEMES:
-        if model_id.startswith(scheme):
-            return model_id.removeprefix(scheme)
-    if model_id.startswith(("/", "./", "../", "~")):
-        return model_id.rstrip("/").rsplit("/", 1)[-1]
-    return model_id
+    return served_model_name(model_id)
 
 
 class QueueConfig(StrictModel):

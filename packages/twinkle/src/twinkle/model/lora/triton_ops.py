@@ -286,6 +286,13 @@ def _dot_f32(plan: _Plan, dtype: torch.dtype) -> bool:
     return plan.interpret or dtype == torch.float32
 
 
+def _segment_tables(plan: _Plan, w_off_row: int) -> tuple[torch.Tensor, ...]:
+    """The block and segment tables both kernels take, in their parameter order; ``w_off_row``
+    picks the weight offsets (``_A_OFF`` or ``_B_OFF``) of the matrix the kernel reads."""
+    m = plan.seg_meta
+    return (plan.blocks[0], plan.blocks[1], m[0], m[1], m[2], m[w_off_row], m[5], plan.seg_scale)
+
+
 def _shrink(
     plan: _Plan,
     inp: torch.Tensor,
@@ -299,19 +306,11 @@ def _shrink(
     shrink, _ = _kernels()
     K = inp.shape[1]
     grid = (plan.n_blocks, triton.cdiv(max(plan.ranks), plan.block_r))
-    m = plan.seg_meta
     shrink[grid](
         inp,
         w_flat,
         out,
-        plan.blocks[0],
-        plan.blocks[1],
-        m[0],
-        m[1],
-        m[2],
-        m[w_off_row],
-        m[5],
-        plan.seg_scale,
+        *_segment_tables(plan, w_off_row),
         K,
         inp.stride(0),
         W_RANK_MAJOR=rank_major,
@@ -338,19 +337,11 @@ def _expand(
     N = out.shape[1]
     block_n = 64
     grid = (plan.n_blocks, triton.cdiv(N, block_n))
-    m = plan.seg_meta
     expand[grid](
         inp,
         w_flat,
         out,
-        plan.blocks[0],
-        plan.blocks[1],
-        m[0],
-        m[1],
-        m[2],
-        m[w_off_row],
-        m[5],
-        plan.seg_scale,
+        *_segment_tables(plan, w_off_row),
         N,
         out.stride(0),
         W_RANK_MAJOR=rank_major,
