@@ -38,6 +38,8 @@ ALLOWED: dict[str, str] = {
     "sampler.Sampler.stop_token_ids": "the server's template decides the stop tokens",
     "sampler.TorchSampler.prepare_prompts": "inherited: same reason as for Sampler",
     "sampler.TorchSampler.stop_token_ids": "inherited: same reason as for Sampler",
+    "sampler.MockSampler.prepare_prompts": "inherited: same reason as for Sampler",
+    "sampler.MockSampler.stop_token_ids": "inherited: same reason as for Sampler",
     "sampler.vLLMSampler.prepare_prompts": "inherited: same reason as for Sampler",
     "sampler.vLLMSampler.stop_token_ids": "inherited: same reason as for Sampler",
     "dataset.Dataset.hf_dataset": "the rows live on the server; there is no local HF dataset",

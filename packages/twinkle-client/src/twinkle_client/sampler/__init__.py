@@ -4,7 +4,7 @@ Results are the same types as ``twinkle.sampler`` (defined here, re-exported the
 :class:`SampleResult` per input, which is also a training sample for ``model.forward_backward``.
 """
 
-from twinkle_client.sampler.remote import Sampler, TorchSampler, vLLMSampler
+from twinkle_client.sampler.remote import MockSampler, Sampler, TorchSampler, vLLMSampler
 from twinkle_client.sampler.types import (
     SampledSequence,
     SampleResponse,
@@ -14,6 +14,7 @@ from twinkle_client.sampler.types import (
 )
 
 __all__ = [
+    "MockSampler",
     "SampleResponse",
     "SampleResult",
     "SampledSequence",

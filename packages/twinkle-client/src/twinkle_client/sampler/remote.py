@@ -147,6 +147,30 @@ class vLLMSampler(Sampler):  # noqa: N801 - the name twinkle.sampler uses
         )
 
 
+class MockSampler(Sampler):
+    """The server's sampler, for scripts written against ``twinkle.sampler.MockSampler``.
+
+    The model's sizes and ``allowed_adapter_dirs`` belong to the server's config; passing them
+    warns and changes nothing.
+    """
+
+    def __init__(
+        self,
+        model_id: str = "mock",
+        vocab_size: int | None = None,
+        hidden_size: int = 16,
+        seed: int = 0,
+        allowed_adapter_dirs: list[str | os.PathLike] | None = None,
+    ) -> None:
+        super().__init__(model_id)
+        _warn_server_side(
+            vocab_size=(vocab_size, None),
+            hidden_size=(hidden_size, 16),
+            seed=(seed, 0),
+            allowed_adapter_dirs=(allowed_adapter_dirs, None),
+        )
+
+
 def _warn_server_side(**given: tuple[Any, Any]) -> None:
     ignored = [name for name, (value, default) in given.items() if value != default]
     if ignored:

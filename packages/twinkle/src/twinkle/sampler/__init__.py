@@ -7,6 +7,7 @@ training sample for ``model.forward_backward``. See ``docs/sampling.md``.
 """
 
 from twinkle.sampler.base import Sampler
+from twinkle.sampler.mock_sampler import MockSampler
 from twinkle.sampler.torch_sampler import TorchSampler
 from twinkle.sampler.types import (
     SampledSequence,
@@ -18,6 +19,7 @@ from twinkle.sampler.types import (
 from twinkle.sampler.vllm_sampler import vLLMSampler
 
 __all__ = [
+    "MockSampler",
     "SampleResponse",
     "SampleResult",
     "SampledSequence",

@@ -42,8 +42,10 @@ def create_backend(
         return MultiLoraTransformersModel(model_id=model_id, **kwargs)
     if backend == "mock":
         from twinkle.model import MockModel
+        from twinkle.sampler.mock_sampler import _vocab_size
 
-        return MockModel(model_id=model_id)
+        # The vocabulary of the model id's tokenizer, so real tokenized data fits the mock model.
+        return MockModel(model_id=model_id, vocab_size=_vocab_size(model_id))
     if backend == "megatron":
         try:
             import megatron.core  # noqa: F401

@@ -10,6 +10,7 @@ from twinkle.server.config import ApplicationConfig, ServerConfig
 from twinkle.server.context import build_context
 from twinkle.server.processor.app import create_processor_app
 from twinkle.server.processor.service import ProcessorService
+from twinkle.server.telemetry import setup_telemetry
 
 
 @serve.ingress()
@@ -19,6 +20,7 @@ class ProcessorManagement:
     def __init__(self, app_config: dict[str, Any], server_config: dict[str, Any]) -> None:
         self.config = ServerConfig.model_validate(server_config)
         self.app_config = ApplicationConfig.model_validate(app_config)
+        setup_telemetry(self.config.telemetry, "Processor")
         self.context = build_context(self.config)
         self.service = ProcessorService(max_num_proc=self.app_config.args.ncpu_proc_per_node)
 

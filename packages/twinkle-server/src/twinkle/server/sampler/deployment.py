@@ -21,7 +21,7 @@ from twinkle.server.web import (
 
 
 def create_sampler(app_config: ApplicationConfig, storage_root) -> Any:
-    """The sampler for ``sampler_type`` (torch, vllm)."""
+    """The sampler for ``sampler_type`` (torch, vllm, mock)."""
     args = app_config.args
     if args.sampler_type == "torch":
         from twinkle.sampler import TorchSampler
@@ -37,9 +37,11 @@ def create_sampler(app_config: ApplicationConfig, storage_root) -> Any:
             engine_args=dict(args.engine_args),
             allowed_adapter_dirs=[str(storage_root)],
         )
-    raise ValueError(
-        f"sampler_type {args.sampler_type!r} is not available in this build; use torch or vllm"
-    )
+    if args.sampler_type == "mock":
+        from twinkle.sampler import MockSampler
+
+        return MockSampler(args.model_id, allowed_adapter_dirs=[str(storage_root)])
+    raise ValueError(f"unknown sampler_type {args.sampler_type!r}; use torch, vllm or mock")
 
 
 def build_sampler_service(app_config: ApplicationConfig, context) -> SamplerService:

@@ -1,0 +1,232 @@
+"""Build a megatron-core ``GPTModel`` from a Hugging Face Qwen3 checkpoint (tensor parallel 1).
+
+The CUDA shims megatron-core needs on a CPU-only torch live here and nowhere else:
+``torch.cuda.current_device`` is replaced only for the duration of a forward pass
+(:func:`cpu_shims`), and megatron's CUDA RNG tracker is swapped for a no-op one only when the
+process has no CUDA (dropout is 0 in this backend, so the tracker never draws numbers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SUPPORTED_MODEL_TYPES = ("qwen3",)
+
+
+def check_supported(hf_config: Any, model_id: str) -> None:
+    """Refuse what this backend does not build: linear attention (Qwen3.5), MoE, RoPE scaling.
+
+    Raises:
+        ValueError: With the reason and the backend to use instead.
+    """
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        hint = (
+            " (Qwen3.5 mixes linear-attention and full-attention layers; megatron-core's GPTModel "
+            "has no linear attention)"
+            if str(model_type).startswith("qwen3_5")
+            else ""
+        )
+        raise ValueError(
+            f"backend 'megatron' does not support {model_id} (model_type {model_type!r}){hint}; "
+            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}. Use backend 'transformers' for it"
+        )
+    rope = getattr(hf_config, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(
+            f"backend 'megatron': RoPE scaling {rope.get('rope_type')!r} of {model_id} is not supported"
+        )
+    if any(t != "full_attention" for t in getattr(hf_config, "layer_types", None) or []):
+        raise ValueError(f"backend 'megatron': {model_id} has non-full-attention (sliding) layers")
+
+
+class _NoopRngTracker:
+    """Stands in for megatron's CUDA RNG tracker on CPU (dropout is 0: nothing is drawn)."""
+
+    @contextlib.contextmanager
+    def fork(self, name: str | None = None):
+        yield
+
+    def add(self, name: str, seed: int) -> None:
+        pass
+
+    def get_states(self) -> dict:
+        return {}
+
+    def set_states(self, states: dict) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def cpu_shims(device: torch.device):
+    """While megatron runs on CPU, ``torch.cuda.current_device()`` answers ``'cpu'`` (its RoPE
+    moves tensors there); restored on exit. A no-op on CUDA devices."""
+    if device.type != "cpu":
+        yield
+        return
+    original = torch.cuda.current_device
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.cuda.current_device = original  # type: ignore[assignment]
+
+
+def init_megatron(device: torch.device) -> None:
+    """A one-process world (gloo on CPU, nccl on CUDA) and tp = pp = 1 model parallel groups."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import random as mrandom
+
+    if not dist.is_initialized():
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            world_size=1,
+            rank=0,
+        )
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1)
+    if parallel_state.get_tensor_model_parallel_world_size() != 1:
+        raise RuntimeError("backend 'megatron' loads HF weights for tensor parallel size 1 only")
+    if device.type == "cpu" and not torch.cuda.is_available():
+        mrandom._CUDA_RNG_STATE_TRACKER = _NoopRngTracker()
+        mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+
+
+def transformer_config(hf_config: Any, dtype: torch.dtype):
+    """Megatron's ``TransformerConfig`` equal to a Qwen3 HF config (RMSNorm, SwiGLU, GQA, qk-norm)."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    return TransformerConfig(
+        num_layers=hf_config.num_hidden_layers,
+        hidden_size=hf_config.hidden_size,
+        num_attention_heads=hf_config.num_attention_heads,
+        num_query_groups=hf_config.num_key_value_heads,
+        kv_channels=getattr(hf_config, "head_dim", None)
+        or hf_config.hidden_size // hf_config.num_attention_heads,
+        ffn_hidden_size=hf_config.intermediate_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=hf_config.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        add_bias_linear=False,
+        add_qkv_bias=bool(getattr(hf_config, "attention_bias", False)),
+        qk_layernorm=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        use_cpu_initialization=True,
+        perform_initialization=False,  # every weight is loaded from the checkpoint
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+    )
+
+
+def build_gpt(hf_config: Any, dtype: torch.dtype):
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    rope = getattr(hf_config, "rope_parameters", None) or {}
+    theta = rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    return GPTModel(
+        config=transformer_config(hf_config, dtype),
+        transformer_layer_spec=get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm"),
+        vocab_size=hf_config.vocab_size,
+        max_sequence_length=hf_config.max_position_embeddings,
+        position_embedding_type="rope",
+        rotary_base=theta,
+        share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings),
+    )
+
+
+def read_hf_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir} has no *.safetensors weights")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    return state
+
+
+def qkv_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int) -> torch.Tensor:
+    """HF q/k/v weights or biases (output dim first) in megatron's fused GQA order: per query
+    group, its query heads, then its key head, then its value head."""
+    rest = q.shape[1:]
+    return torch.cat(
+        [q.reshape(groups, -1, *rest), k.reshape(groups, -1, *rest), v.reshape(groups, -1, *rest)],
+        dim=1,
+    ).reshape(-1, *rest)
+
+
+def load_hf_weights(gpt: torch.nn.Module, hf: dict[str, torch.Tensor], hf_config: Any) -> None:
+    """Copy a Qwen3 HF state dict into ``gpt``; every megatron parameter must be filled.
+
+    Raises:
+        ValueError: On a missing HF tensor, a shape mismatch or an unfilled megatron parameter.
+    """
+    groups = hf_config.num_key_value_heads
+    target: dict[str, torch.Tensor] = {
+        "embedding.word_embeddings.weight": hf["model.embed_tokens.weight"]
+    }
+    for i in range(hf_config.num_hidden_layers):
+        src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
+        attn, mlp = src + "self_attn.", src + "mlp."
+        target.update(
+            {
+                dst + "input_layernorm.weight": hf[src + "input_layernorm.weight"],
+                dst + "self_attention.linear_qkv.weight": qkv_layout(
+                    hf[attn + "q_proj.weight"],
+                    hf[attn + "k_proj.weight"],
+                    hf[attn + "v_proj.weight"],
+                    groups,
+                ),
+                dst + "self_attention.q_layernorm.weight": hf[attn + "q_norm.weight"],
+                dst + "self_attention.k_layernorm.weight": hf[attn + "k_norm.weight"],
+                dst + "self_attention.linear_proj.weight": hf[attn + "o_proj.weight"],
+                dst + "pre_mlp_layernorm.weight": hf[src + "post_attention_layernorm.weight"],
+                dst + "mlp.linear_fc1.weight": torch.cat(
+                    [hf[mlp + "gate_proj.weight"], hf[mlp + "up_proj.weight"]]
+                ),
+                dst + "mlp.linear_fc2.weight": hf[mlp + "down_proj.weight"],
+            }
+        )
+        if getattr(hf_config, "attention_bias", False):
+            target[dst + "self_attention.linear_qkv.bias"] = qkv_layout(
+                hf[attn + "q_proj.bias"], hf[attn + "k_proj.bias"], hf[attn + "v_proj.bias"], groups
+            )
+    target["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
+    if not hf_config.tie_word_embeddings:
+        target["output_layer.weight"] = hf["lm_head.weight"]
+    params = dict(gpt.named_parameters())
+    unfilled = sorted(set(params) - set(target))
+    if unfilled:
+        raise ValueError(f"no HF weight maps to megatron parameters {unfilled[:4]}")
+    with torch.no_grad():
+        for name, value in target.items():
+            param = params[name]
+            if tuple(param.shape) != tuple(value.shape):
+                raise ValueError(
+                    f"{name}: HF shape {tuple(value.shape)} != megatron {tuple(param.shape)}"
+                )
+            param.copy_(value.to(param.dtype))

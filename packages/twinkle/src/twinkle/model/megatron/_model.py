@@ -1,0 +1,170 @@
+"""The megatron GPTModel behind a transformers-like face, with LoRA under HF module names.
+
+LoRA layout (the simplest one that stays PEFT-compatible): every tenant's adapter lives on the
+HF-equivalent projections ``model.layers.<i>.self_attn.{q,k,v,o}_proj`` and
+``model.layers.<i>.mlp.{gate,up,down}_proj``, as :class:`~twinkle.model.lora.MultiLoraLinear`
+modules of a shape-only "HF view" tree (:class:`_HFView`; its base weights are zero-byte
+stand-ins and its forward is never called). The megatron linears are wrapped by
+:class:`_LoraParallelLinear`, which adds those adapters' deltas to megatron's output: q/k/v deltas
+are interleaved into ``linear_qkv``'s GQA layout, gate/up deltas concatenated as ``linear_fc1``'s
+halves. Saved adapters therefore carry HF names and load with ``peft.PeftModel`` on the HF model.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import nn
+
+from twinkle.model.lora import LoraRouter, MultiLoraLinear, segmented_lora
+from twinkle.model.megatron._build import cpu_shims
+
+
+class _ShapeOnlyLinear(nn.Module):
+    """A frozen linear's shape, dtype and device without its weights (a zero-stride tensor)."""
+
+    def __init__(self, in_features: int, out_features: int, like: torch.Tensor) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        stub = torch.zeros((), dtype=like.dtype, device=like.device).expand(
+            out_features, in_features
+        )
+        self.weight = nn.Parameter(stub, requires_grad=False)
+        self.bias = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("the HF view only carries adapters; megatron computes the base layer")
+
+
+class _HFView(nn.Module):
+    """``layers[i].self_attn.{q,k,v,o}_proj`` and ``layers[i].mlp.{gate,up,down}_proj``."""
+
+    def __init__(self, hf_config: Any, router: LoraRouter, like: torch.Tensor) -> None:
+        super().__init__()
+        h = hf_config.hidden_size
+        d = getattr(hf_config, "head_dim", None) or h // hf_config.num_attention_heads
+        q, kv, ffn = (
+            hf_config.num_attention_heads * d,
+            hf_config.num_key_value_heads * d,
+            hf_config.intermediate_size,
+        )
+
+        def lin(i: int, o: int) -> MultiLoraLinear:
+            return MultiLoraLinear(_ShapeOnlyLinear(i, o, like), router)
+
+        layers = []
+        for _ in range(hf_config.num_hidden_layers):
+            layer = nn.Module()
+            layer.self_attn = nn.Module()
+            for name, (i, o) in {
+                "q_proj": (h, q),
+                "k_proj": (h, kv),
+                "v_proj": (h, kv),
+                "o_proj": (q, h),
+            }.items():
+                setattr(layer.self_attn, name, lin(i, o))
+            layer.mlp = nn.Module()
+            for name, (i, o) in {
+                "gate_proj": (h, ffn),
+                "up_proj": (h, ffn),
+                "down_proj": (ffn, h),
+            }.items():
+                setattr(layer.mlp, name, lin(i, o))
+            layers.append(layer)
+        self.layers = nn.ModuleList(layers)
+
+
+class _LoraParallelLinear(nn.Module):
+    """A megatron Column/RowParallelLinear (tp 1) plus the LoRA deltas of its HF parts.
+
+    Megatron activations are ``[seq, batch, hidden]``: rows (tenants' sequences) are dim 1, so the
+    input is viewed batch-first for :func:`segmented_lora` and the delta turned back.
+    """
+
+    def __init__(
+        self, base: nn.Module, parts: list[MultiLoraLinear], kind: str, groups: int = 1
+    ) -> None:
+        super().__init__()
+        self.base = base
+        self.kind, self.groups = kind, groups
+        # Plain attribute: the adapters are registered (and named) in the HF view only.
+        object.__setattr__(self, "parts", parts)
+
+    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any):
+        out, bias = self.base(x, *args, **kwargs)
+        xb = x.transpose(0, 1)
+        deltas, any_delta = [], False
+        for part in self.parts:
+            segments = part.segments(xb.shape[0])
+            if segments:
+                any_delta = True
+                deltas.append(segmented_lora(xb, segments, part.out_features))
+            else:
+                deltas.append(None)
+        if not any_delta:
+            return out, bias
+        deltas = [
+            d if d is not None else xb.new_zeros(*xb.shape[:-1], p.out_features)
+            for d, p in zip(deltas, self.parts)
+        ]
+        if self.kind == "qkv":
+            g = self.groups
+            delta = torch.cat([d.unflatten(-1, (g, -1)) for d in deltas], dim=-1).flatten(-2)
+        else:  # fc1: [gate | up]; single: one part
+            delta = torch.cat(deltas, dim=-1) if len(deltas) > 1 else deltas[0]
+        return out + delta.transpose(0, 1).to(out.dtype), bias
+
+
+class MegatronCausalLM(nn.Module):
+    """``model(input_ids, attention_mask, position_ids).logits`` ([batch, seq, vocab]) from a GPTModel.
+
+    ``self.model`` (the HF view, registered first so its names win) holds the adapters,
+    ``self.gpt`` the megatron model.
+    """
+
+    def __init__(
+        self, gpt: nn.Module, hf_config: Any, router: LoraRouter, device: torch.device
+    ) -> None:
+        super().__init__()
+        like = gpt.embedding.word_embeddings.weight
+        self.model = _HFView(hf_config, router, like)
+        self.gpt = gpt
+        self.config = hf_config
+        self._device = device
+        groups = hf_config.num_key_value_heads
+        for view, layer in zip(self.model.layers, gpt.decoder.layers):
+            attn, mlp = layer.self_attention, layer.mlp
+            a, m = view.self_attn, view.mlp
+            attn.linear_qkv = _LoraParallelLinear(
+                attn.linear_qkv, [a.q_proj, a.k_proj, a.v_proj], "qkv", groups
+            )
+            attn.linear_proj = _LoraParallelLinear(attn.linear_proj, [a.o_proj], "single")
+            mlp.linear_fc1 = _LoraParallelLinear(mlp.linear_fc1, [m.gate_proj, m.up_proj], "fc1")
+            mlp.linear_fc2 = _LoraParallelLinear(mlp.linear_fc2, [m.down_proj], "single")
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.gpt.embedding.word_embeddings
+
+    def get_output_embeddings(self) -> nn.Module | None:
+        return getattr(self.gpt, "output_layer", None)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        **_: Any,
+    ) -> SimpleNamespace:
+        rows, seq = input_ids.shape
+        if position_ids is None:
+            position_ids = torch.arange(seq, device=input_ids.device).expand(rows, seq)
+        # Megatron's mask: True = not attended. Causal, plus padded keys when a mask is given.
+        mask = torch.ones(seq, seq, dtype=torch.bool, device=input_ids.device).triu(1)
+        mask = mask.expand(rows, 1, seq, seq)
+        if attention_mask is not None and not bool(attention_mask.all()):
+            mask = mask | (attention_mask == 0)[:, None, None, :]
+        with cpu_shims(self._device):
+            logits = self.gpt(input_ids, position_ids, mask)
+        return SimpleNamespace(logits=logits)

@@ -1,0 +1,96 @@
+"""``MultiLoraMegatronModel``: the transformers backend's API over a megatron-core GPTModel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from twinkle.model.lora import LoraRouter
+from twinkle.model.transformers.multi_lora import MultiLoraTransformersModel
+
+#: The optimizers this backend accepts (the seed: "Megatron backend: Adam only").
+#: ``'default'`` is Megatron's default optimizer, Adam.
+ADAM_FAMILY = {"default": "Adam", "Adam": "Adam", "AdamW": "AdamW"}
+
+
+class MultiLoraMegatronModel(MultiLoraTransformersModel):
+    """Many tenants' LoRA adapters on one frozen megatron-core ``GPTModel`` (tensor parallel 1).
+
+    Same public API and semantics as :class:`~twinkle.model.MultiLoraTransformersModel`; it only
+    builds a different base model (HF weights converted to megatron's layout) and accepts only
+    Adam-family optimizers. Adapters carry HF module names, so saved checkpoints are standard PEFT
+    adapters of the HF model. Supports Qwen3 dense models; Qwen3.5 (linear attention) is refused.
+
+    Args:
+        model_id: ``tiny://qwen3``, ``ms://org/name``, ``hf://org/name`` or a local directory.
+        torch_dtype: Weights dtype (float32 on CPU, bfloat16 on CUDA by default).
+        device: Torch device; CUDA when available unless given.
+        seed: Seed for adapter initialisation.
+
+    Raises:
+        ValueError: An unsupported architecture (Qwen3.5, MoE, RoPE scaling).
+        RuntimeError: megatron-core is not installed.
+    """
+
+    def __init__(
+        self,
+        model_id: str,
+        torch_dtype: torch.dtype | str | None = None,
+        device: str | torch.device | None = None,
+        seed: int = 0,
+        **unused: Any,
+    ) -> None:
+        from twinkle.hub import load_config, resolve_model_dir
+        from twinkle.model.megatron import _build
+        from twinkle.model.megatron._model import MegatronCausalLM
+
+        hf_config = load_config(model_id)
+        _build.check_supported(hf_config, model_id)
+        try:
+            import megatron.core  # noqa: F401
+        except ImportError as exc:
+            raise RuntimeError(
+                "backend 'megatron' needs megatron-core (pip install megatron-core==0.16.1)"
+            ) from exc
+        self.model_id = model_id
+        self.model_dir = resolve_model_dir(model_id)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if isinstance(torch_dtype, str) and torch_dtype != "auto":
+            torch_dtype = getattr(torch, torch_dtype)
+        dtype = (
+            torch_dtype
+            if isinstance(torch_dtype, torch.dtype)
+            else (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        )
+        _build.init_megatron(self.device)
+        gpt = _build.build_gpt(hf_config, dtype)
+        _build.load_hf_weights(gpt, _build.read_hf_state_dict(self.model_dir), hf_config)
+        self.router = LoraRouter()
+        self.model = MegatronCausalLM(gpt.to(self.device), hf_config, self.router, self.device)
+        self.model.requires_grad_(False)
+        self.model.eval()
+        self.seed = seed
+        self.tenants = {}
+
+    def set_optimizer(self, optimizer: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
+        """Set the tenant's optimizer: ``'default'`` (Adam), ``'Adam'`` or ``'AdamW'``.
+
+        Raises:
+            ValueError: Any other optimizer (the megatron backend supports Adam only).
+        """
+        cls = optimizer if isinstance(optimizer, type) else None
+        if cls in (torch.optim.Adam, torch.optim.AdamW):
+            name = cls.__name__
+        elif isinstance(optimizer, str) and optimizer in ADAM_FAMILY:
+            name = optimizer
+        else:
+            raise ValueError(
+                f"backend 'megatron' supports Adam optimizers only ('default', 'Adam', 'AdamW'), "
+                f"got {getattr(optimizer, '__name__', optimizer)!r}"
+            )
+        super().set_optimizer(ADAM_FAMILY[name], adapter_name=adapter_name, **kwargs)
+        self._tenant(adapter_name).optimizer_config["name"] = name  # resume rebuilds 'default'
+
+
+__all__ = ["MultiLoraMegatronModel"]
