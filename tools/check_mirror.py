@@ -23,6 +23,8 @@ DUNDERS = ("__init__", "__len__", "__getitem__", "__getitems__", "__iter__", "__
 
 ALLOWED: dict[str, str] = {
     "model.MockModel": "a backend choice: the server's config picks mock/transformers/megatron",
+    "model.MultiLoraMegatronModel": "a backend choice: the server's config picks "
+    "mock/transformers/megatron",
     "model.MultiLoraTransformersModel.forward_backward_many": "fusing tenants is the server's job: "
     "it batches waiting forward_backward calls of different tenants by itself",
     "model.MultiLoraTransformersModel.adapter_state_dict": "weights stay on the server; save() a "

@@ -12,6 +12,7 @@ _EXPORTS = {
     "MultiLoraTransformersModel": "twinkle.model.transformers",
     "TransformersModel": "twinkle.model.transformers",
     "MockModel": "twinkle.model.mock",
+    "MultiLoraMegatronModel": "twinkle.model.megatron",
     "Metric": "twinkle.model.metrics",
 }
 

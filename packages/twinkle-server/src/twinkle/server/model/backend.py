@@ -23,7 +23,7 @@ def create_backend(
 
     Raises:
         ValueError: Unknown backend, or ``dp_size > 1`` with a backend other than transformers.
-        RuntimeError: ``megatron`` without megatron-core (and CUDA).
+        RuntimeError: ``megatron`` without megatron-core.
     """
     if dp_size > 1:
         if backend != "transformers":
@@ -51,8 +51,10 @@ def create_backend(
             import megatron.core  # noqa: F401
         except ImportError as exc:
             raise RuntimeError(
-                "backend 'megatron' needs megatron-core and CUDA (pip install megatron-core); "
+                "backend 'megatron' needs megatron-core (pip install megatron-core==0.16.1); "
                 "use backend 'transformers' on this machine"
             ) from exc
-        raise RuntimeError("backend 'megatron' is not available in this build of twinkle-server")
+        from twinkle.model.megatron import MultiLoraMegatronModel
+
+        return MultiLoraMegatronModel(model_id=model_id, **kwargs)
     raise ValueError(f"unknown backend {backend!r}; choose transformers, megatron or mock")

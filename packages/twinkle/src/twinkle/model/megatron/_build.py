@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -80,8 +81,22 @@ def cpu_shims(device: torch.device):
         torch.cuda.current_device = original  # type: ignore[assignment]
 
 
-def init_megatron(device: torch.device) -> None:
+def quiet_megatron_warnings() -> None:
+    """Silence megatron-core 0.16 notices that say nothing to a twinkle user (no apex, default tp
+    group, deprecated cuda-graph scope): they are emitted on every build or forward pass."""
+    for message in (
+        "Apex is not installed",
+        "Warning: tp_group is None",
+        "full scope is deprecated",
+        "MLP requires ffn_hidden_size",
+        "The 'megatron.core.transformer.custom_layers",
+    ):
+        warnings.filterwarnings("ignore", message=message, module="megatron")
+
+
+def init_megatron(device: torch.device, seed: int = 0) -> None:
     """A one-process world (gloo on CPU, nccl on CUDA) and tp = pp = 1 model parallel groups."""
+    quiet_megatron_warnings()
     import torch.distributed as dist
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import random as mrandom
@@ -103,6 +118,8 @@ def init_megatron(device: torch.device) -> None:
     if device.type == "cpu" and not torch.cuda.is_available():
         mrandom._CUDA_RNG_STATE_TRACKER = _NoopRngTracker()
         mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    elif device.type == "cuda" and not mrandom.get_cuda_rng_tracker().get_states():
+        mrandom.model_parallel_cuda_manual_seed(seed)  # untested here: no GPU on dev machines
 
 
 def transformer_config(hf_config: Any, dtype: torch.dtype):

@@ -63,7 +63,7 @@ class MultiLoraMegatronModel(MultiLoraTransformersModel):
             if isinstance(torch_dtype, torch.dtype)
             else (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         )
-        _build.init_megatron(self.device)
+        _build.init_megatron(self.device, seed)
         gpt = _build.build_gpt(hf_config, dtype)
         _build.load_hf_weights(gpt, _build.read_hf_state_dict(self.model_dir), hf_config)
         self.router = LoraRouter()
