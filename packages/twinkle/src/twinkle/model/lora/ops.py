@@ -140,22 +140,45 @@ def _group_deltas(
         pieces = [views[(s.start, s.end)] for s in group]
         x_k = torch.stack([p if s.dropout is None else s.dropout(p) for s, p in zip(group, pieces)])
     x_k = x_k.reshape(k, -1, x.shape[-1])
-    a_k = torch.stack([seg.lora_A for seg in group])  # [k, r, in]
-    b_k = torch.stack([seg.lora_B for seg in group])  # [k, out, r]
-    delta_k = torch.bmm(torch.bmm(x_k, a_k.transpose(1, 2)), b_k.transpose(1, 2))
-    scalings = [seg.scaling for seg in group]
-    if len(set(scalings)) == 1:
-        delta_k = delta_k * scalings[0]
-    else:
-        delta_k = delta_k * torch.tensor(scalings, dtype=delta_k.dtype, device=delta_k.device).view(
-            k, 1, 1
-        )
+    scalings = torch.tensor([seg.scaling for seg in group], dtype=x.dtype, device=x.device)
+    delta_k = _GroupedLora.apply(
+        x_k, scalings, *(s.lora_A for s in group), *(s.lora_B for s in group)
+    )
     if contiguous:
         return [(group[0].start, delta_k.reshape(k * rows, *tail, out_features))]
     return [
         (seg.start, d.reshape(rows, *tail, out_features))
         for seg, d in zip(group, delta_k.unbind(0))
     ]
+
+
+class _GroupedLora(torch.autograd.Function):
+    """``scaling_k * x_k @ A_k.T @ B_k.T`` for k same-shape adapters, as ONE autograd node.
+
+    Stacking the adapters with autograd-tracked ``torch.stack`` costs a stack, an unbind and
+    several graph nodes per layer and call; with many small tenants those dominate. Here the
+    stacking is done without autograd and the backward computes every adapter's gradients with
+    three batched matmuls.
+    """
+
+    @staticmethod
+    def forward(ctx, x_k, scalings, *weights):
+        k = len(weights) // 2
+        a_k = torch.stack(weights[:k])  # [k, r, in]
+        b_k = torch.stack(weights[k:])  # [k, out, r]
+        hidden = torch.bmm(x_k, a_k.transpose(1, 2))  # [k, n, r]
+        ctx.save_for_backward(x_k, scalings, a_k, b_k, hidden)
+        return torch.bmm(hidden, b_k.transpose(1, 2)) * scalings.view(-1, 1, 1)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x_k, scalings, a_k, b_k, hidden = ctx.saved_tensors
+        grad_scaled = grad_out * scalings.view(-1, 1, 1)  # [k, n, out]
+        grad_hidden = torch.bmm(grad_scaled, b_k)  # [k, n, r]
+        grad_b = torch.bmm(grad_scaled.transpose(1, 2), hidden)  # [k, out, r]
+        grad_a = torch.bmm(grad_hidden.transpose(1, 2), x_k)  # [k, r, in]
+        grad_x = torch.bmm(grad_hidden, a_k) if ctx.needs_input_grad[0] else None
+        return (grad_x, None, *grad_a.unbind(0), *grad_b.unbind(0))
 
 
 def _assemble(
