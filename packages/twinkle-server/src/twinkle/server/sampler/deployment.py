@@ -19,29 +19,38 @@ from twinkle.server.web import (
     read_json,
 )
 
+_SAMPLER_CLASSES = {"torch": "TorchSampler", "vllm": "vLLMSampler", "mock": "MockSampler"}
+
 
 def create_sampler(app_config: ApplicationConfig, storage_root) -> Any:
-    """The sampler for ``sampler_type`` (torch, vllm, mock)."""
+    """The sampler for ``sampler_type`` (torch, vllm, mock); with ``device_mesh.dp_size`` N > 1,
+    N replicas as Ray actors (``twinkle.parallel.DataParallelSampler``), requests spread over them."""
     args = app_config.args
+    if args.sampler_type not in _SAMPLER_CLASSES:
+        raise ValueError(f"unknown sampler_type {args.sampler_type!r}; use torch, vllm or mock")
+    kwargs: dict[str, Any] = {"allowed_adapter_dirs": [str(storage_root)]}
     if args.sampler_type == "torch":
-        from twinkle.sampler import TorchSampler
-
-        return TorchSampler(
-            args.model_id, max_loras=args.max_loras, allowed_adapter_dirs=[str(storage_root)]
-        )
+        kwargs["max_loras"] = args.max_loras
     if args.sampler_type == "vllm":
-        from twinkle.sampler import vLLMSampler
+        kwargs["engine_args"] = dict(args.engine_args)
+    mesh = args.device_mesh
+    if mesh is not None and mesh.dp_size > 1:
+        from twinkle.parallel import DataParallelSampler
+        from twinkle.server.model.deployment import _worker_options
 
-        return vLLMSampler(
-            args.model_id,
-            engine_args=dict(args.engine_args),
-            allowed_adapter_dirs=[str(storage_root)],
+        placement = _worker_options(app_config)
+        if mesh.device_type != "cpu":
+            placement.setdefault("num_gpus", 1)
+        return DataParallelSampler(
+            _SAMPLER_CLASSES[args.sampler_type],
+            mesh.dp_size,
+            model_id=args.model_id,
+            **placement,
+            **kwargs,
         )
-    if args.sampler_type == "mock":
-        from twinkle.sampler import MockSampler
+    import twinkle.sampler
 
-        return MockSampler(args.model_id, allowed_adapter_dirs=[str(storage_root)])
-    raise ValueError(f"unknown sampler_type {args.sampler_type!r}; use torch, vllm or mock")
+    return getattr(twinkle.sampler, _SAMPLER_CLASSES[args.sampler_type])(args.model_id, **kwargs)
 
 
 def build_sampler_service(app_config: ApplicationConfig, context) -> SamplerService:

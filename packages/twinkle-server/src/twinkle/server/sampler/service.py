@@ -21,6 +21,12 @@ def result_to_wire(result: Any) -> dict[str, Any]:
     }
 
 
+def _render(template: Any, item: Any) -> Any:
+    if isinstance(item, dict) and "messages" in item:
+        return template.encode(item, add_generation_prompt=True)["input_ids"].tolist()
+    return item
+
+
 class SamplerService:
     """Sampling for every tenant on one sampler; adapters are the tenants' own checkpoints.
 
@@ -43,7 +49,11 @@ class SamplerService:
         self.resolve_adapter = resolve_adapter
         self.rate_limiter = rate_limiter or RateLimiter()
         self.templates: dict[str, Any] = {}
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="twinkle-sampler")
+        # One thread per engine: a data-parallel sampler serves that many requests at once.
+        workers = getattr(sampler, "dp_size", 1)
+        self._executor = ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix="twinkle-sampler"
+        )
         self.requests = 0
 
     async def call(self, owner: str, op: str, payload: dict[str, Any] | None = None) -> Any:
@@ -101,8 +111,14 @@ class SamplerService:
     def _sample(
         self, owner: str, inputs: list, sampling_params: Any, uris: list[str | None] | None
     ):
-        # Each tenant renders with its own template; calls run one at a time on this thread.
-        self.sampler.template = self.templates.get(owner)
+        template = self.templates.get(owner)
+        if getattr(self.sampler, "dp_size", 1) > 1:
+            # Replicas are shared by every tenant: render the tenant's trajectories here, send tokens.
+            if template is not None:
+                inputs = [_render(template, item) for item in inputs]
+        else:
+            # Each tenant renders with its own template; calls run one at a time on this thread.
+            self.sampler.template = template
         return self.sampler.sample(inputs, sampling_params=sampling_params, adapter_uri=uris)
 
     def status(self) -> dict[str, Any]:
