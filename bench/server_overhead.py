@@ -69,36 +69,38 @@ def local_fused_tps(model_id: str, tenants: int, rows: int, seq: int, steps: int
     return tenants * rows * seq * steps / (time.perf_counter() - start)
 
 
+def server_config(model_id: str, port: int, storage: str) -> dict:
+    base = model_id.replace("://", "/")
+    return {
+        "http_options": {"host": "127.0.0.1", "port": port},
+        "auth": {"api_keys": KEYS},
+        "storage": {"root": storage},
+        "applications": [
+            {
+                "name": "server",
+                "route_prefix": "/api/v1",
+                "import_path": "server",
+                "args": {"server_config": {"per_token_model_limit": 2, "supported_models": [base]}},
+            },
+            {
+                "name": "model",
+                "route_prefix": f"/api/v1/model/{base}",
+                "import_path": "model",
+                "args": {"backend": "transformers", "model_id": model_id, "max_loras": 16},
+            },
+        ],
+    }
+
+
 def start_server(model_id: str, port: int, storage: str) -> str:
+    """Ray Serve (``twinkle-server launch``): the gateway and the model as Serve applications."""
     import ray
 
     from twinkle.server.config import parse_config
     from twinkle.server.launch import deploy
 
     base = model_id.replace("://", "/")
-    config = parse_config(
-        {
-            "http_options": {"host": "127.0.0.1", "port": port},
-            "auth": {"api_keys": KEYS},
-            "storage": {"root": storage},
-            "applications": [
-                {
-                    "name": "server",
-                    "route_prefix": "/api/v1",
-                    "import_path": "server",
-                    "args": {
-                        "server_config": {"per_token_model_limit": 2, "supported_models": [base]}
-                    },
-                },
-                {
-                    "name": "model",
-                    "route_prefix": f"/api/v1/model/{base}",
-                    "import_path": "model",
-                    "args": {"backend": "transformers", "model_id": model_id, "max_loras": 16},
-                },
-            ],
-        }
-    )
+    config = parse_config(server_config(model_id, port, storage))
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray.init(
         num_cpus=2,
@@ -109,6 +111,32 @@ def start_server(model_id: str, port: int, storage: str) -> str:
     )
     deploy(config, ready_timeout_s=300)
     return f"http://127.0.0.1:{port}/api/v1/model/{base}"
+
+
+def start_local_server(model_id: str, port: int, storage: str):
+    """``twinkle-server launch --local``: every application in one uvicorn process, no Ray."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    path = os.path.join(storage, "config.yaml")
+    with open(path, "w") as handle:
+        yaml.safe_dump(server_config(model_id, port, storage), handle)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "twinkle.server", "launch", "--local", "-c", path],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/api/v1/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    base = model_id.replace("://", "/")
+    return f"http://127.0.0.1:{port}/api/v1/model/{base}", proc
 
 
 def remote_client(url: str, key: str, name: str) -> httpx.Client:
@@ -174,6 +202,12 @@ def main() -> int:
     parser.add_argument("--model", default="tiny://qwen3.5")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--port", type=int, default=8123)
+    parser.add_argument(
+        "--mode",
+        choices=("serve", "local"),
+        default="serve",
+        help="serve: Ray Serve (the default deployment); local: `twinkle-server launch --local`",
+    )
     args = parser.parse_args()
     import tempfile
 
@@ -183,7 +217,12 @@ def main() -> int:
     steps = 5 if args.quick else 15
     batch = features(2, 16, 0)
     local = local_latency(args.model, batch, calls)
-    url = start_server(args.model, args.port, tempfile.mkdtemp(prefix="twinkle-bench-"))
+    storage = tempfile.mkdtemp(prefix="twinkle-bench-")
+    proc = None
+    if args.mode == "local":
+        url, proc = start_local_server(args.model, args.port, storage)
+    else:
+        url = start_server(args.model, args.port, storage)
     try:
         remote = remote_latency(url, batch, calls)
         print(
@@ -191,6 +230,7 @@ def main() -> int:
                 {
                     "bench": "server_overhead",
                     "kind": "latency",
+                    "mode": args.mode,
                     "model": args.model,
                     "rows": 2,
                     "seq": 16,
@@ -215,6 +255,7 @@ def main() -> int:
                     {
                         "bench": "server_overhead",
                         "kind": "throughput",
+                        "mode": args.mode,
                         "model": args.model,
                         "tenants": tenants,
                         "rows": 2,
@@ -227,11 +268,15 @@ def main() -> int:
                 flush=True,
             )
     finally:
-        import ray
-        from ray import serve
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
+        else:
+            import ray
+            from ray import serve
 
-        serve.shutdown()
-        ray.shutdown()
+            serve.shutdown()
+            ray.shutdown()
     return 0
 
 
