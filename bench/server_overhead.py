@@ -202,6 +202,8 @@ def main() -> int:
     parser.add_argument("--model", default="tiny://qwen3.5")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--port", type=int, default=8123)
+    parser.add_argument("--rows", type=int, default=2, help="rows per tenant call (throughput)")
+    parser.add_argument("--seq", type=int, default=64, help="tokens per row (throughput)")
     parser.add_argument(
         "--mode",
         choices=("serve", "local"),
@@ -248,8 +250,8 @@ def main() -> int:
             flush=True,
         )
         for tenants in (1, 4, 8):
-            server = remote_tps(url, tenants, rows=2, seq=64, steps=steps)
-            local_fused = local_fused_tps(args.model, tenants, rows=2, seq=64, steps=steps)
+            server = remote_tps(url, tenants, rows=args.rows, seq=args.seq, steps=steps)
+            local_fused = local_fused_tps(args.model, tenants, rows=args.rows, seq=args.seq, steps=steps)
             print(
                 json.dumps(
                     {
@@ -258,8 +260,8 @@ def main() -> int:
                         "mode": args.mode,
                         "model": args.model,
                         "tenants": tenants,
-                        "rows": 2,
-                        "seq": 64,
+                        "rows": args.rows,
+                        "seq": args.seq,
                         "server_tps": round(server, 1),
                         "local_fused_tps": round(local_fused, 1),
                         "ratio": round(server / local_fused, 3),
