@@ -1,0 +1,121 @@
+"""State and helpers shared by the Tinker routes: the per-server ``TinkerApi`` object."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import Request
+
+from twinkle.server.context import ServerContext
+from twinkle.server.errors import BadRequest, PayloadTooLarge
+from twinkle.server.gateway.backends import Backends
+from twinkle.server.gateway.tinker_futures import TinkerFutures, body_digest
+from twinkle.server.gateway.tinker_models import checkpoint_facts
+
+LONG_POLL_S = 25.0
+EPHEMERAL_TTL_S = 24 * 3600.0
+CLIENT_CONFIG = {
+    "use_pyqwest_transport": False,
+    "pjwt_auth_enabled": False,
+    "parallel_fwdbwd_chunks": True,
+    "proto_compress_fwdbwd": True,
+    "sample_use_retrieve_futures": False,
+    "custom_loss_server_side": False,
+    "sample_join_sampling_session": False,
+}
+
+
+class TinkerApi:
+    """The state the routes share: server context, backends, futures."""
+
+    def __init__(self, ctx: ServerContext, backends: Backends) -> None:
+        self.ctx, self.backends, self.state = ctx, backends, ctx.state
+        self.futures = TinkerFutures(ctx.state)
+        self.max_bytes = ctx.server_args.max_request_bytes
+
+    # -- helpers -------------------------------------------------------------------------------
+    def run_of(self, owner: str, model_id: Any):
+        if not isinstance(model_id, str) or not model_id:
+            raise BadRequest("missing model_id")
+        return self.state.get_run(owner, model_id)
+
+    def dedupe_keys(self, request: Request, *parts: Any) -> list[tuple]:
+        keys = [("call", *parts)] if all(p is not None for p in parts[1:]) else []
+        idem = request.headers.get("x-idempotency-key")
+        return ([("idem", idem)] if idem else []) + keys
+
+    def submitted(self, rid: str, model_id: str | None = None, **extra: Any) -> dict[str, Any]:
+        return {"request_id": rid, **({"model_id": model_id} if model_id else {}), **extra}
+
+    async def refuse(self, model_id: str | None, seq_id: Any, exc: Exception) -> None:
+        """A call refused before it ran still uses up its seq_id (later ones must not wait for it)."""
+        if model_id and isinstance(seq_id, int):
+            await self.futures.lane(model_id).skip(seq_id)
+        raise exc
+
+    async def read_body(self, request: Request) -> bytes:
+        body = bytearray()
+        async for chunk in request.stream():
+            body.extend(chunk)
+            if len(body) > self.max_bytes:
+                raise PayloadTooLarge(f"request body is over the limit of {self.max_bytes} bytes")
+        return bytes(body)
+
+    def sampler_target(self, owner: str, body: dict[str, Any]) -> tuple[str, str | None]:
+        """(base model, twinkle:// adapter path or None) of a sampling request."""
+        sid = body.get("sampling_session_id")
+        if sid:
+            record = self.state.get_sampling_session(owner, sid)
+            return record.base_model, record.model_path
+        if body.get("model_path"):
+            facts = checkpoint_facts(self.state, owner, body["model_path"])
+            return facts.base_model, facts.path
+        if body.get("base_model"):
+            return body["base_model"], None
+        raise BadRequest("asample needs sampling_session_id, model_path or base_model")
+
+    async def save(self, owner: str, model_id: str, name: str, kind: str, ttl: Any) -> str:
+        path = (
+            await self.backends.model(self.run_of(owner, model_id).base_model).call(
+                owner,
+                "save",
+                {
+                    "adapter_name": model_id,
+                    "name": name,
+                    "kind": "sampler" if kind == "sampler_weights" else kind,
+                    "save_optimizer": kind == "weights",
+                },
+            )
+        )["path"]
+        if ttl is not None:
+            run_id, _, rest = path.split("://", 1)[1].partition("/")
+            self.state.set_checkpoint_ttl(owner, run_id, rest, float(ttl))
+        return path
+
+    async def create_adapter(
+        self,
+        owner: str,
+        base_model: str,
+        model_id: str,
+        session_id: str,
+        seq: int,
+        config: dict[str, Any],
+        user_metadata: Any,
+    ) -> None:
+        await self.backends.model(base_model).call(
+            owner,
+            "add_adapter_to_model",
+            {
+                "adapter_name": model_id,
+                "config": config,
+                "training_run_id": model_id,
+                "session_id": session_id,
+                "model_seq_id": seq,
+                "user_metadata": user_metadata or {},
+            },
+        )
+
+
+def request_digest(body: dict) -> str:
+    return body_digest(json.dumps(body, sort_keys=True, default=str))

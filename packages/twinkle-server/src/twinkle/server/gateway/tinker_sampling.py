@@ -1,0 +1,119 @@
+"""Tinker routes for sampling sessions, ``asample`` and ``retrieve_future`` (the long poll)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from twinkle.server.errors import BadRequest
+from twinkle.server.gateway import tinker_convert as convert
+from twinkle.server.gateway import tinker_wire as wire
+from twinkle.server.gateway.tinker_api import (
+    LONG_POLL_S,
+    TinkerApi,
+)
+from twinkle.server.gateway.tinker_futures import PROTOBUF, Proto
+from twinkle.server.gateway.tinker_models import checkpoint_facts, model_facts
+from twinkle.server.web import read_json
+
+
+def sampling_routes(router: APIRouter, api: TinkerApi) -> None:
+    @router.post("/create_sampling_session")
+    async def create_sampling_session(request: Request) -> dict:
+        owner = api.ctx.authenticate(request.headers)
+        body = await read_json(request, api.max_bytes)
+        session_id, seq = body.get("session_id"), body.get("sampling_session_seq_id")
+        if not isinstance(session_id, str) or not isinstance(seq, int):
+            raise BadRequest("create_sampling_session needs session_id and sampling_session_seq_id")
+        base_model, path = body.get("base_model"), None
+        if body.get("model_path"):
+            facts = checkpoint_facts(api.state, owner, body["model_path"])
+            if base_model and base_model != facts.base_model:
+                raise BadRequest(
+                    f"{body['model_path']} was trained on {facts.base_model}, not {base_model}"
+                )
+            base_model, path = facts.base_model, facts.path
+        if not base_model:
+            raise BadRequest("create_sampling_session needs base_model or model_path")
+        api.backends.sampler(base_model)
+        sid = f"{session_id}:sample:{seq}"
+        try:
+            record = api.state.get_sampling_session(owner, sid)  # a retried request
+        except Exception:  # noqa: BLE001 - NotFound: create it
+            record = api.state.create_sampling_session(
+                owner, session_id, base_model=base_model, model_path=path, sampling_session_id=sid
+            )
+        return {
+            "sampling_session_id": record.sampling_session_id,
+            "type": "create_sampling_session",
+        }
+
+    @router.get("/samplers/{sampler_id}")
+    async def get_sampler(sampler_id: str, request: Request) -> dict:
+        owner = api.ctx.authenticate(request.headers)
+        record = api.state.get_sampling_session(owner, sampler_id)
+        path = convert.to_tinker_path(record.model_path) if record.model_path else None
+        return {
+            "sampler_id": record.sampling_session_id,
+            "base_model": record.base_model,
+            "model_path": path,
+        }
+
+    @router.post("/asample")
+    async def asample(request: Request) -> dict:
+        owner = api.ctx.authenticate(request.headers)
+        body = await read_json(request, api.max_bytes)
+        num_samples = body.get("num_samples", 1)
+        keys = api.dedupe_keys(
+            request, "asample", body.get("sampling_session_id"), body.get("seq_id")
+        )
+        if rid := api.futures.find(owner, keys):
+            return api.submitted(rid, sample_sequence_ids=_sequence_ids(rid, num_samples))
+        base_model, adapter = api.sampler_target(owner, body)
+        client = api.backends.sampler(base_model)
+        tokens = convert.prompt_tokens(body.get("prompt") or {})
+        convert.check_prompt(tokens, (await asyncio.to_thread(model_facts, base_model)).vocab_size)
+        if (
+            body.get("topk_prompt_logprobs")
+            or body.get("topk_sample_logprobs")
+            or body.get("target_prompt_logprobs")
+        ):
+            raise BadRequest("top-k and target prompt logprobs are not supported by this server")
+        want_prompt_lp = bool(body.get("prompt_logprobs"))
+        params = convert.sampling_params(
+            body.get("sampling_params") or {}, num_samples, want_prompt_lp
+        )
+        payload = {"inputs": [tokens], "adapter_uri": adapter, "sampling_params": params}
+
+        async def run() -> Proto:
+            result = (await client.call(owner, "sample", payload))["results"][0]
+            prompt_lp = result.get("prompt_logprobs") if want_prompt_lp else None
+            return Proto(wire.encode_sample_response(result["sequences"], prompt_lp))
+
+        rid = api.futures.submit(owner, "sample", run, dedupe=keys)
+        return api.submitted(rid, sample_sequence_ids=_sequence_ids(rid, num_samples))
+
+
+def _sequence_ids(rid: str, num_samples: int) -> list[str]:
+    return [f"{rid}:{i}" for i in range(int(num_samples))]
+
+
+def future_routes(router: APIRouter, api: TinkerApi) -> None:
+    @router.post("/retrieve_future")
+    async def retrieve_future(request: Request):
+        owner = api.ctx.authenticate(request.headers)
+        body = await read_json(request, api.max_bytes)
+        rid = body.get("request_id")
+        if not isinstance(rid, str):
+            raise BadRequest("retrieve_future needs request_id")
+        record = await api.futures.wait(owner, rid, LONG_POLL_S)
+        if record.status == "pending":
+            return {"type": "try_again", "request_id": rid, "queue_state": record.queue_state}
+        if record.status == "error":
+            return JSONResponse({"error": record.error.message, "category": record.error.category})
+        if record.content_type == PROTOBUF:
+            return Response(base64.b64decode(record.result_b64 or ""), media_type=PROTOBUF)
+        return record.result

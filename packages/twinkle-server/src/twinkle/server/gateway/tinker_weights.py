@@ -1,0 +1,220 @@
+"""Tinker routes for weights: save, save for sampler, load (create from checkpoint), info, publish."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import uuid
+
+from fastapi import APIRouter, Request
+
+from twinkle.server.errors import BadRequest
+from twinkle.server.gateway import tinker_convert as convert
+from twinkle.server.gateway.tinker_api import (
+    EPHEMERAL_TTL_S,
+    TinkerApi,
+    request_digest,
+)
+from twinkle.server.gateway.tinker_models import checkpoint_facts, publish_to_hub
+from twinkle.server.state.paths import validate_checkpoint_name
+from twinkle.server.web import read_json
+
+
+def weights_routes(router: APIRouter, api: TinkerApi) -> None:
+    @router.post("/save_weights")
+    async def save_weights(request: Request) -> dict:
+        owner = api.ctx.authenticate(request.headers)
+        body = await read_json(request, api.max_bytes)
+        model_id, seq_id = body.get("model_id"), body.get("seq_id")
+        keys = api.dedupe_keys(request, "save_weights", model_id, seq_id, request_digest(body))
+        if rid := api.futures.find(owner, keys):
+            return api.submitted(rid, model_id)
+        try:
+            run = api.run_of(owner, model_id)
+            name = validate_checkpoint_name(
+                body.get("path") or f"step-{seq_id or uuid.uuid4().hex[:8]}"
+            )
+            if not body.get("overwrite") and _exists(
+                api, owner, run.training_run_id, f"weights/{name}"
+            ):
+                raise BadRequest(
+                    f"checkpoint weights/{name} already exists; pass overwrite=True or another name"
+                )
+        except Exception as exc:
+            await api.refuse(model_id, seq_id, exc)
+
+        async def run_call() -> dict:
+            path = await api.save(owner, model_id, name, "weights", body.get("ttl_seconds"))
+            return {"path": convert.to_tinker_path(path), "type": "save_weights"}
+
+        return api.submitted(
+            api.futures.submit(
+                owner, "save_weights", run_call, model_id=model_id, seq_id=seq_id, dedupe=keys
+            ),
+            model_id,
+        )
+
+    @router.post("/save_weights_for_sampler")
+    async def save_weights_for_sampler(request: Request) -> dict:
+        owner = api.ctx.authenticate(request.headers)
+        body = await read_json(request, api.max_bytes)
+        model_id, seq_id = body.get("model_id"), body.get("seq_id")
+        keys = api.dedupe_keys(
+            request, "save_weights_for_sampler", model_id, seq_id, request_digest(body)
+        )
+        if rid := api.futures.find(owner, keys):
+            return api.submitted(rid, model_id)
+        try:
+            run = api.run_of(owner, model_id)
+            named = body.get("path") is not None
+            name = validate_checkpoint_name(
+                body["path"] if named else f"ephemeral-{seq_id}-{uuid.uuid4().hex[:8]}"
+            )
+            api.backends.sampler(run.base_model) if not named else None
+        except Exception as exc:
+            await api.refuse(model_id, seq_id, exc)
+
+        async def run_call() -> dict:
+            ttl = body.get("ttl_seconds") if named else body.get("ttl_seconds") or EPHEMERAL_TTL_S
+            path = await api.save(owner, model_id, name, "sampler_weights", ttl)
+            if named:
+                return {"path": convert.to_tinker_path(path), "type": "save_weights_for_sampler"}
+            sid = f"{run.session_id}:sample:{body.get('sampling_session_seq_id')}:{uuid.uuid4().hex[:8]}"
+            api.state.create_sampling_session(
+                owner,
+                run.session_id,
+                base_model=run.base_model,
+                model_path=path,
+                sampling_session_id=sid,
+            )
+            return {"sampling_session_id": sid, "type": "save_weights_for_sampler"}
+
+        return api.submitted(
+            api.futures.submit(
+                owner,
+                "save_weights_for_sampler",
+                run_call,
+                model_id=model_id,
+                seq_id=seq_id,
+                dedupe=keys,
+            ),
+            model_id,
+        )
+
+    @router.post("/load_weights")
+    async def load_weights(request: Request) -> dict:
+        owner = api.ctx.authenticate(request.headers)
+        body = await read_json(request, api.max_bytes)
+        if body.get("session_id") is not None:
+            return await _create_from_checkpoint(api, owner, request, body)
+        model_id, seq_id = body.get("model_id"), body.get("seq_id")
+        keys = api.dedupe_keys(request, "load_weights", model_id, seq_id, request_digest(body))
+        if rid := api.futures.find(owner, keys):
+            return api.submitted(rid, model_id)
+        try:
+            client = api.backends.model(api.run_of(owner, model_id).base_model)
+            facts = checkpoint_facts(api.state, owner, body.get("path") or "")
+        except Exception as exc:
+            await api.refuse(model_id, seq_id, exc)
+        op = "resume_from_checkpoint" if body.get("optimizer") else "load"
+
+        async def run_call() -> dict:
+            await client.call(owner, op, {"adapter_name": model_id, "path": facts.path})
+            return {
+                "path": convert.to_tinker_path(facts.path),
+                "model_id": model_id,
+                "type": "load_weights",
+            }
+
+        return api.submitted(
+            api.futures.submit(
+                owner, "load_weights", run_call, model_id=model_id, seq_id=seq_id, dedupe=keys
+            ),
+            model_id,
+        )
+
+    @router.post("/weights_info")
+    async def weights_info(request: Request) -> dict:
+        owner = api.ctx.authenticate(request.headers)
+        body = await read_json(request, api.max_bytes)
+        facts = checkpoint_facts(api.state, owner, body.get("tinker_path") or "")
+        return {"base_model": facts.base_model, "is_lora": True, **convert.lora_flags(facts.lora)}
+
+    @router.post("/training_runs/{run_id}/checkpoints/{kind}/{name}/publish")
+    async def publish(run_id: str, kind: str, name: str, request: Request) -> dict:
+        owner = api.ctx.authenticate(request.headers)
+        record = api.state.get_checkpoint(owner, run_id, f"{kind}/{name}")
+        token = os.environ.get("MODELSCOPE_API_TOKEN") or os.environ.get("TWINKLE_HUB_TOKEN")
+        if not token:
+            raise BadRequest(
+                "cannot publish: no hub token is configured on this server "
+                "(set MODELSCOPE_API_TOKEN for the server process)"
+            )
+        repo_name = re.sub(r"[^A-Za-z0-9_.\-]", "-", f"{run_id}-{name}")[:96]
+        repo_id = await asyncio.to_thread(
+            publish_to_hub,
+            record.local_dir,
+            repo_name,
+            token,
+            os.environ.get("TWINKLE_HUB_NAMESPACE"),
+        )
+        api.state.set_checkpoint_public(owner, run_id, f"{kind}/{name}", True)
+        return {"published": convert.to_tinker_path(record.path), "repo_id": repo_id}
+
+    @router.delete("/training_runs/{run_id}/checkpoints/{kind}/{name}/publish")
+    async def unpublish(run_id: str, kind: str, name: str, request: Request) -> dict:
+        owner = api.ctx.authenticate(request.headers)
+        record = api.state.set_checkpoint_public(owner, run_id, f"{kind}/{name}", False)
+        return {"unpublished": convert.to_tinker_path(record.path)}
+
+
+def _exists(api: TinkerApi, owner: str, run_id: str, checkpoint_id: str) -> bool:
+    try:
+        api.state.get_checkpoint(owner, run_id, checkpoint_id)
+    except Exception:  # noqa: BLE001 - NotFound
+        return False
+    return True
+
+
+async def _create_from_checkpoint(api: TinkerApi, owner: str, request: Request, body: dict) -> dict:
+    """``load_weights`` with ``session_id``/``model_seq_id``: a new model from a checkpoint."""
+    session_id, seq = body.get("session_id"), body.get("model_seq_id")
+    if not isinstance(seq, int):
+        raise BadRequest("load_weights with session_id needs model_seq_id")
+    api.state.get_session(owner, session_id)
+    facts = checkpoint_facts(api.state, owner, body.get("path") or "")
+    base_model = body.get("base_model") or facts.base_model
+    if base_model != facts.base_model:
+        raise BadRequest(f"checkpoint was trained on {facts.base_model}, not {base_model}")
+    client = api.backends.model(base_model)
+    model_id = f"{session_id}:train:{seq}"
+    keys = api.dedupe_keys(request, "create_model", model_id)
+    if rid := api.futures.find(owner, keys):
+        return api.submitted(rid, model_id)
+    op = "resume_from_checkpoint" if body.get("optimizer") else "load"
+
+    async def run() -> dict:
+        await api.create_adapter(
+            owner,
+            base_model,
+            model_id,
+            session_id,
+            seq,
+            dict(facts.lora),
+            body.get("user_metadata"),
+        )
+        try:
+            await client.call(owner, op, {"adapter_name": model_id, "path": facts.path})
+        except Exception:
+            await client.call(owner, "remove_adapter", {"adapter_name": model_id})
+            raise
+        return {
+            "model_id": model_id,
+            "path": convert.to_tinker_path(facts.path),
+            "type": "load_weights",
+        }
+
+    return api.submitted(
+        api.futures.submit(owner, "load_weights", run, model_id=model_id, dedupe=keys), model_id
+    )
