@@ -251,7 +251,9 @@ def main() -> int:
         )
         for tenants in (1, 4, 8):
             server = remote_tps(url, tenants, rows=args.rows, seq=args.seq, steps=steps)
-            local_fused = local_fused_tps(args.model, tenants, rows=args.rows, seq=args.seq, steps=steps)
+            local_fused = local_fused_tps(
+                args.model, tenants, rows=args.rows, seq=args.seq, steps=steps
+            )
             print(
                 json.dumps(
                     {

@@ -21,7 +21,6 @@ from twinkle.server.gateway.backends import Backends
 from twinkle.server.gateway.tinker_api import (
     CLIENT_CONFIG,
     TinkerApi,
-    request_digest,
 )
 from twinkle.server.gateway.tinker_futures import Proto, body_digest
 from twinkle.server.gateway.tinker_models import model_facts
@@ -168,12 +167,10 @@ def _training_routes(router: APIRouter, api: TinkerApi) -> None:
 
     @router.post("/optim_step")
     async def optim_step(request: Request) -> dict:
-        owner = api.ctx.authenticate(request.headers)
-        body = await read_json(request, api.max_bytes)
-        model_id, seq_id = body.get("model_id"), body.get("seq_id")
-        keys = api.dedupe_keys(request, "optim_step", model_id, seq_id, request_digest(body))
-        if rid := api.futures.find(owner, keys):
-            return api.submitted(rid, model_id)
+        call = await api.open_call(request, "optim_step")
+        owner, body, model_id, seq_id = call.owner, call.body, call.model_id, call.seq_id
+        if call.existing:
+            return api.submitted(call.existing, model_id)
         try:
             client = api.backends.model(api.run_of(owner, model_id).base_model)
             params = tinker_ops.check_adam_params(
@@ -188,12 +185,7 @@ def _training_routes(router: APIRouter, api: TinkerApi) -> None:
             )
             return {"type": "optim_step", "metrics": result["metrics"]}
 
-        return api.submitted(
-            api.futures.submit(
-                owner, "optim_step", run, model_id=model_id, seq_id=seq_id, dedupe=keys
-            ),
-            model_id,
-        )
+        return api.submit_call(call, run)
 
     @router.post("/unload_model")
     async def unload_model(request: Request) -> dict:

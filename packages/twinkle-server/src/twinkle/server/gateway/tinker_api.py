@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
@@ -12,6 +13,7 @@ from twinkle.server.errors import BadRequest, PayloadTooLarge
 from twinkle.server.gateway.backends import Backends
 from twinkle.server.gateway.tinker_futures import TinkerFutures, body_digest
 from twinkle.server.gateway.tinker_models import checkpoint_facts
+from twinkle.server.web import read_json
 
 LONG_POLL_S = 25.0
 EPHEMERAL_TTL_S = 24 * 3600.0
@@ -24,6 +26,19 @@ CLIENT_CONFIG = {
     "custom_loss_server_side": False,
     "sample_join_sampling_session": False,
 }
+
+
+@dataclass
+class SequencedCall:
+    """A JSON Tinker call that carries ``model_id`` and ``seq_id`` (ordered, deduplicated)."""
+
+    kind: str
+    owner: str
+    body: dict[str, Any]
+    model_id: str | None
+    seq_id: Any
+    keys: list[tuple]
+    existing: str | None  # request id of an earlier identical submission
 
 
 class TinkerApi:
@@ -44,6 +59,23 @@ class TinkerApi:
         keys = [("call", *parts)] if all(p is not None for p in parts[1:]) else []
         idem = request.headers.get("x-idempotency-key")
         return ([("idem", idem)] if idem else []) + keys
+
+    async def open_call(self, request: Request, kind: str) -> SequencedCall:
+        """Authenticate, read the JSON body and look up an earlier submission of the same call."""
+        owner = self.ctx.authenticate(request.headers)
+        body = await read_json(request, self.max_bytes)
+        model_id, seq_id = body.get("model_id"), body.get("seq_id")
+        keys = self.dedupe_keys(request, kind, model_id, seq_id, request_digest(body))
+        return SequencedCall(
+            kind, owner, body, model_id, seq_id, keys, self.futures.find(owner, keys)
+        )
+
+    def submit_call(self, call: SequencedCall, run: Any) -> dict[str, Any]:
+        """Queue ``run`` as ``call``'s future, in its model's seq_id order."""
+        rid = self.futures.submit(
+            call.owner, call.kind, run, model_id=call.model_id, seq_id=call.seq_id, dedupe=call.keys
+        )
+        return self.submitted(rid, call.model_id)
 
     def submitted(self, rid: str, model_id: str | None = None, **extra: Any) -> dict[str, Any]:
         return {"request_id": rid, **({"model_id": model_id} if model_id else {}), **extra}

@@ -14,7 +14,6 @@ from twinkle.server.gateway import tinker_convert as convert
 from twinkle.server.gateway.tinker_api import (
     EPHEMERAL_TTL_S,
     TinkerApi,
-    request_digest,
 )
 from twinkle.server.gateway.tinker_models import checkpoint_facts, publish_to_hub
 from twinkle.server.state.paths import validate_checkpoint_name
@@ -24,12 +23,10 @@ from twinkle.server.web import read_json
 def weights_routes(router: APIRouter, api: TinkerApi) -> None:
     @router.post("/save_weights")
     async def save_weights(request: Request) -> dict:
-        owner = api.ctx.authenticate(request.headers)
-        body = await read_json(request, api.max_bytes)
-        model_id, seq_id = body.get("model_id"), body.get("seq_id")
-        keys = api.dedupe_keys(request, "save_weights", model_id, seq_id, request_digest(body))
-        if rid := api.futures.find(owner, keys):
-            return api.submitted(rid, model_id)
+        call = await api.open_call(request, "save_weights")
+        owner, body, model_id, seq_id = call.owner, call.body, call.model_id, call.seq_id
+        if call.existing:
+            return api.submitted(call.existing, model_id)
         try:
             run = api.run_of(owner, model_id)
             name = validate_checkpoint_name(
@@ -48,23 +45,14 @@ def weights_routes(router: APIRouter, api: TinkerApi) -> None:
             path = await api.save(owner, model_id, name, "weights", body.get("ttl_seconds"))
             return {"path": convert.to_tinker_path(path), "type": "save_weights"}
 
-        return api.submitted(
-            api.futures.submit(
-                owner, "save_weights", run_call, model_id=model_id, seq_id=seq_id, dedupe=keys
-            ),
-            model_id,
-        )
+        return api.submit_call(call, run_call)
 
     @router.post("/save_weights_for_sampler")
     async def save_weights_for_sampler(request: Request) -> dict:
-        owner = api.ctx.authenticate(request.headers)
-        body = await read_json(request, api.max_bytes)
-        model_id, seq_id = body.get("model_id"), body.get("seq_id")
-        keys = api.dedupe_keys(
-            request, "save_weights_for_sampler", model_id, seq_id, request_digest(body)
-        )
-        if rid := api.futures.find(owner, keys):
-            return api.submitted(rid, model_id)
+        call = await api.open_call(request, "save_weights_for_sampler")
+        owner, body, model_id, seq_id = call.owner, call.body, call.model_id, call.seq_id
+        if call.existing:
+            return api.submitted(call.existing, model_id)
         try:
             run = api.run_of(owner, model_id)
             named = body.get("path") is not None
@@ -90,28 +78,16 @@ def weights_routes(router: APIRouter, api: TinkerApi) -> None:
             )
             return {"sampling_session_id": sid, "type": "save_weights_for_sampler"}
 
-        return api.submitted(
-            api.futures.submit(
-                owner,
-                "save_weights_for_sampler",
-                run_call,
-                model_id=model_id,
-                seq_id=seq_id,
-                dedupe=keys,
-            ),
-            model_id,
-        )
+        return api.submit_call(call, run_call)
 
     @router.post("/load_weights")
     async def load_weights(request: Request) -> dict:
-        owner = api.ctx.authenticate(request.headers)
-        body = await read_json(request, api.max_bytes)
+        call = await api.open_call(request, "load_weights")
+        owner, body, model_id, seq_id = call.owner, call.body, call.model_id, call.seq_id
         if body.get("session_id") is not None:
             return await _create_from_checkpoint(api, owner, request, body)
-        model_id, seq_id = body.get("model_id"), body.get("seq_id")
-        keys = api.dedupe_keys(request, "load_weights", model_id, seq_id, request_digest(body))
-        if rid := api.futures.find(owner, keys):
-            return api.submitted(rid, model_id)
+        if call.existing:
+            return api.submitted(call.existing, model_id)
         try:
             client = api.backends.model(api.run_of(owner, model_id).base_model)
             facts = checkpoint_facts(api.state, owner, body.get("path") or "")
@@ -127,12 +103,7 @@ def weights_routes(router: APIRouter, api: TinkerApi) -> None:
                 "type": "load_weights",
             }
 
-        return api.submitted(
-            api.futures.submit(
-                owner, "load_weights", run_call, model_id=model_id, seq_id=seq_id, dedupe=keys
-            ),
-            model_id,
-        )
+        return api.submit_call(call, run_call)
 
     @router.post("/weights_info")
     async def weights_info(request: Request) -> dict:
