@@ -8,8 +8,9 @@ import pytest
 from twinkle.model import MultiLoraTransformersModel
 from twinkle.server.errors import AtCapacity, BadRequest, NotFound, RateLimited
 from twinkle.server.model.ratelimit import RateLimiter
-from twinkle.server.model.registry import InMemoryRunRegistry
+from twinkle.server.model.registry import StateRunRegistry
 from twinkle.server.model.service import ModelService
+from twinkle.server.state import MemoryStore, ServerState
 
 
 def _features(seed, rows=2, seq=12):
@@ -33,7 +34,7 @@ def service(shared_model, tmp_path):
     return ModelService(
         shared_model,
         "tiny/qwen3",
-        InMemoryRunRegistry(tmp_path),
+        StateRunRegistry(ServerState(MemoryStore("svc:")), tmp_path),
         max_loras=3,
         per_token_model_limit=2,
     )

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from twinkle.server.config import ApplicationConfig, ServerArgs, ServerConfig
+from twinkle.server.config import ServerArgs, ServerConfig
 from twinkle.server.state import ServerState
 from twinkle.server.web import Authenticator, authenticator_from
 
@@ -44,13 +44,7 @@ def build_context(config: ServerConfig | dict[str, Any], store: Any = None) -> S
         keys=config.auth.api_keys,
         keys_file=config.auth.api_keys_file,
         env_var=config.auth.api_keys_env,
-        allow_anonymous=getattr(config.auth, "allow_anonymous", False),
+        allow_anonymous=config.auth.allow_anonymous,
     )
     state = ServerState(store if store is not None else shared_store(config.persistence))
     return ServerContext(config, state, authenticator_from(auth), gateway_args(config))
-
-
-def application(
-    config: ServerConfig | dict[str, Any], app: ApplicationConfig | dict[str, Any]
-) -> ApplicationConfig:
-    return app if isinstance(app, ApplicationConfig) else ApplicationConfig.model_validate(app)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from twinkle.server.state.factory import create_store
+from twinkle.server.state.factory import create_store, persistence_option
 from twinkle.server.state.store import KVStore, MemoryStore, Updater
 
 ACTOR_NAME = "twinkle-state"
@@ -60,16 +60,10 @@ class RayActorStore(KVStore):
         return self._call("clear")
 
 
-def _option(persistence: Any, name: str, default: Any) -> Any:
-    if isinstance(persistence, dict):
-        return persistence.get(name) or default
-    return getattr(persistence, name, None) or default
-
-
 def shared_store(persistence: Any) -> KVStore:
     """The store every deployment of one server shares."""
     import ray
 
-    if _option(persistence, "mode", "memory") == "memory" and ray.is_initialized():
-        return RayActorStore(_option(persistence, "key_prefix", "twinkle:"))
+    if persistence_option(persistence, "mode", "memory") == "memory" and ray.is_initialized():
+        return RayActorStore(persistence_option(persistence, "key_prefix", "twinkle:"))
     return create_store(persistence)

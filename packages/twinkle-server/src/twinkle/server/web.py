@@ -69,14 +69,6 @@ async def read_json(request: Request, max_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     return value
 
 
-def bearer_or_api_key(headers: Any) -> str | None:
-    """The API key from ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``."""
-    auth = headers.get("authorization")
-    if auth and auth.lower().startswith("bearer "):
-        return auth[7:].strip() or None
-    return headers.get("x-api-key") or None
-
-
 def authenticator_from(auth: Any) -> Authenticator:
     """Adapt an auth object (``authenticate(headers) -> principal``) to an :data:`Authenticator`."""
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from twinkle.server.errors import AtCapacity, BadRequest
-from twinkle.server.model.registry import validate_name
+from twinkle.server.state import validate_checkpoint_name
 
 if TYPE_CHECKING:
     from twinkle.server.model.service import AdapterEntry, ModelService
@@ -184,7 +184,7 @@ def get_train_configs(service, internal, entry, payload):
 
 
 def save(service: ModelService, internal: str, entry: AdapterEntry, payload):
-    name = validate_name(payload.get("name") or "")
+    name = validate_checkpoint_name(payload.get("name") or "")
     kind = "sampler_weights" if payload.get("kind") == "sampler" else "weights"
     target = service.registry.checkpoint_dir(entry.owner, entry.run_id, kind, name)
     service.model.save(

@@ -13,7 +13,7 @@ PERSISTENCE_MODES = ("memory", "file", "redis")
 DEFAULT_KEY_PREFIX = "twinkle:"
 
 
-def _option(persistence: Any, name: str, default: Any = None) -> Any:
+def persistence_option(persistence: Any, name: str, default: Any = None) -> Any:
     if isinstance(persistence, Mapping):
         value = persistence.get(name, default)
     else:
@@ -36,17 +36,17 @@ def create_store(persistence: Any) -> KVStore:
     """
     if persistence is None:
         return MemoryStore(DEFAULT_KEY_PREFIX)
-    mode = str(_option(persistence, "mode", "memory")).lower()
-    key_prefix = _option(persistence, "key_prefix", DEFAULT_KEY_PREFIX)
+    mode = str(persistence_option(persistence, "mode", "memory")).lower()
+    key_prefix = persistence_option(persistence, "key_prefix", DEFAULT_KEY_PREFIX)
     if mode == "memory":
         return MemoryStore(key_prefix)
     if mode == "file":
-        file_path = _option(persistence, "file_path")
+        file_path = persistence_option(persistence, "file_path")
         if not file_path:
             raise ValueError("persistence mode 'file' needs file_path")
         return FileStore(file_path, key_prefix)
     if mode == "redis":
-        redis_url = _option(persistence, "redis_url")
+        redis_url = persistence_option(persistence, "redis_url")
         if not redis_url:
             raise ValueError("persistence mode 'redis' needs redis_url")
         return RedisStore(redis_url, key_prefix or DEFAULT_KEY_PREFIX)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
+from pathlib import Path
 
 import numpy as np
+
+from twinkle.model.checkpoint import atomic_directory, validate_checkpoint_name
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.npz"
@@ -23,9 +24,7 @@ OPTIMIZER_STATE = "optimizer.npz"
 
 def checkpoint_dir(output_dir: str, name: str) -> str:
     """Join ``output_dir`` and ``name``, refusing names that would escape ``output_dir``."""
-    if not name or name in (".", "..") or os.sep in name or (os.altsep and os.altsep in name):
-        raise ValueError(f"invalid checkpoint name {name!r}: use a single path component")
-    return os.path.join(output_dir, name)
+    return os.path.join(output_dir, validate_checkpoint_name(name))
 
 
 def write_checkpoint(path: str, files: dict[str, dict]) -> str:
@@ -37,36 +36,16 @@ def write_checkpoint(path: str, files: dict[str, dict]) -> str:
         The absolute checkpoint path.
     """
     path = os.path.abspath(path)
-    parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
-    try:
+    with atomic_directory(Path(path)) as tmp:
         for filename, content in files.items():
-            target = os.path.join(tmp, filename)
             if filename.endswith(".json"):
-                with open(target, "w", encoding="utf-8") as handle:
-                    json.dump(content, handle, indent=2, sort_keys=True)
+                (tmp / filename).write_text(
+                    json.dumps(content, indent=2, sort_keys=True), encoding="utf-8"
+                )
             else:
-                with open(target, "wb") as handle:
+                with open(tmp / filename, "wb") as handle:
                     np.savez(handle, **content)
-        _swap_into_place(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return path
-
-
-def _swap_into_place(tmp: str, path: str) -> None:
-    # os.replace cannot overwrite a non-empty directory, so an old checkpoint is moved aside
-    # first and deleted only once the new one is in place.
-    if not os.path.exists(path):
-        os.rename(tmp, path)
-        return
-    trash = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.old-", dir=os.path.dirname(path))
-    os.rmdir(trash)
-    os.rename(path, trash)
-    os.rename(tmp, path)
-    shutil.rmtree(trash, ignore_errors=True)
 
 
 def read_json(path: str, filename: str) -> dict:
