@@ -5,7 +5,7 @@ N tenants' adapters plus one extra ``limit`` adapter, and the three modes run in
 step, so they see the same machine state:
 
 - ``fused``: ``forward_backward_many`` over all tenants (one base pass, rows routed per tenant),
-  then ``clip_grad_and_step`` per tenant.
+  then ``clip_grad_and_step_many`` (every tenant's clip and Adam step in shared kernels).
 - ``sliced``: each tenant's ``forward_backward`` + ``clip_grad_and_step`` in turn (adapter
   switching; what peer systems do).
 - ``limit``: ONE adapter over the concatenation of all tenants' rows (N*B rows): the best a fused
@@ -87,8 +87,7 @@ def add_tenant(
 # ------------------------------------------------------------------------------------ the modes
 def step_fused(model, batches: dict[str, dict]) -> None:
     model.forward_backward_many({name: {"inputs": b} for name, b in batches.items()})
-    for name in batches:
-        model.clip_grad_and_step(adapter_name=name)
+    model.clip_grad_and_step_many(list(batches))
 
 
 def step_sliced(model, batches: dict[str, dict]) -> None:

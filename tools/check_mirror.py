@@ -27,12 +27,15 @@ ALLOWED: dict[str, str] = {
     "mock/transformers/megatron",
     "model.MultiLoraTransformersModel.forward_backward_many": "fusing tenants is the server's job: "
     "it batches waiting forward_backward calls of different tenants by itself",
+    "model.MultiLoraTransformersModel.clip_grad_and_step_many": "batching steps is the server's "
+    "job too: it batches waiting clip_grad_and_step calls of different tenants by itself",
     "model.MultiLoraTransformersModel.adapter_state_dict": "weights stay on the server; save() a "
     "checkpoint and use its twinkle:// path instead",
     "model.MultiLoraTransformersModel.load_adapter_state_dict": "weights stay on the server; use "
     "load(twinkle_path)",
     "model.MultiLoraTransformersModel.routes": "direct calls into the torch model only exist locally",
     "model.TransformersModel.forward_backward_many": "inherited: same reason as for MultiLoraTransformersModel",
+    "model.TransformersModel.clip_grad_and_step_many": "inherited: same reason as for MultiLoraTransformersModel",
     "model.TransformersModel.adapter_state_dict": "inherited: same reason as for MultiLoraTransformersModel",
     "model.TransformersModel.load_adapter_state_dict": "inherited: same reason as for MultiLoraTransformersModel",
     "model.TransformersModel.routes": "inherited: same reason as for MultiLoraTransformersModel",

@@ -101,3 +101,17 @@ def test_grouped_float32_matches_loop_within_1e6():
         rtol=1e-6,
         atol=1e-5,
     )
+
+
+def test_torch_dropout_draws_the_same_masks_as_the_loop():
+    layout, shape = LAYOUTS["mixed ranks"]
+    dropout = torch.nn.Dropout(0.5)
+    torch.manual_seed(11)
+    out, grads = _run(segmented_lora_reference, layout, shape, dropout=dropout)
+    torch.manual_seed(11)
+    ref_out, ref_grads = _run(_segmented_lora_loop, layout, shape, dropout=dropout)
+    plain_out, _ = _run(_segmented_lora_loop, layout, shape)
+    torch.testing.assert_close(out, ref_out, rtol=1e-6, atol=1e-6)
+    for g, ref in zip(grads, ref_grads):
+        torch.testing.assert_close(g, ref, rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(out[:2], plain_out[:2])  # the mask did something on segment 0

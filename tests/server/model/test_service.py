@@ -73,6 +73,49 @@ def test_concurrent_tenants_are_fused_and_match_separate_results(service):
     assert len(fused[0]["logprobs"]) == 2
 
 
+def test_concurrent_optimizer_steps_are_batched(service):
+    """Waiting clip_grad_and_step calls of several tenants run as one batched step; calls whose
+    arguments differ run one by one. Either way every tenant steps exactly once."""
+
+    async def scenario(norms):
+        await asyncio.gather(
+            *(
+                service.call(
+                    o, "forward_backward", {"adapter_name": "default", "inputs": _features(i)}
+                )
+                for i, o in enumerate(["alice", "bob"])
+            )
+        )
+        before = {o: service.model.adapter_state_dict(internal[o]) for o in ("alice", "bob")}
+        stepped = await asyncio.gather(
+            *(
+                service.call(
+                    o, "clip_grad_and_step", {"adapter_name": "default", "max_grad_norm": n}
+                )
+                for o, n in zip(["alice", "bob"], norms)
+            )
+        )
+        return before, stepped
+
+    async def setup():
+        await _setup(service, "alice", "default")
+        await _setup(service, "bob", "default", rank=16)
+
+    run(setup())
+    internal = {o: service._internal(o, "default") for o in ("alice", "bob")}
+    for norms, batched in (((1.0, 1.0), 1), ((1.0, 0.5), 0)):
+        fused_before = service.scheduler.fused_steps
+        before, stepped = run(scenario(norms))
+        assert stepped == [True, True]
+        assert service.scheduler.fused_steps - fused_before == batched
+        for owner in ("alice", "bob"):
+            tenant = service.model.tenants[internal[owner]]
+            assert not tenant.pending_grads and tenant.last_grad_norm > 0
+            after = service.model.adapter_state_dict(internal[owner])
+            assert any(not np.allclose(after[k], before[owner][k]) for k in after)
+    assert service.model.tenants[internal["alice"]].cur_step == 2
+
+
 def test_same_adapter_name_under_two_keys_is_two_tenants(service):
     async def scenario():
         await _setup(service, "alice", "default")

@@ -94,6 +94,19 @@ def forward_backward_request(payload: dict[str, Any]) -> dict[str, Any]:
     return request
 
 
+def clip_grad_and_step_many(model: Any, tasks: list) -> dict[str, Any]:
+    """Several tenants' ``clip_grad_and_step`` as one batched step (same ``max_grad_norm``).
+
+    Raises (so the scheduler runs them one by one) when the backend has no batched step or the
+    calls' arguments differ.
+    """
+    many = getattr(model, "clip_grad_and_step_many", None)
+    kwargs = [_kwargs(task.payload) for task in tasks]
+    if many is None or any(k != kwargs[0] for k in kwargs):
+        raise ValueError("these clip_grad_and_step calls cannot be batched")
+    return many([task.tenant for task in tasks], **kwargs[0])
+
+
 def _only_names(kind: str, value: Any) -> str:
     if not isinstance(value, str):
         raise BadRequest(f"{kind} must be given by name over HTTP, got {type(value).__name__}")

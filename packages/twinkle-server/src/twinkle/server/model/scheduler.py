@@ -1,8 +1,11 @@
-"""Fair per-tenant queues that fuse waiting ``forward_backward`` calls of different tenants.
+"""Fair per-tenant queues that fuse waiting calls of different tenants.
 
 Each tenant's calls run strictly in submission order. Tenants are served round-robin: in one
-round, the ``forward_backward`` calls at the heads of the queues (up to ``max_fused``) run as ONE
-fused pass; any other call at a head runs on its own. No tenant can starve another.
+round, if the first head of the line is a fusable call (``forward_backward``, or
+``clip_grad_and_step``), the heads of the same kind (up to ``max_fused``) run together: one base
+model pass for the ``forward_backward`` calls, one batched optimizer step for the
+``clip_grad_and_step`` calls. Any other call at a head runs on its own. No tenant can starve
+another.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-FUSABLE = "forward_backward"
+FUSABLE = ("forward_backward", "clip_grad_and_step")
 
 
 @dataclass
@@ -35,8 +38,9 @@ class FairScheduler:
 
     Args:
         run_single: Executes one task, returns its result.
-        run_fused: Executes several tenants' ``forward_backward`` tasks in one pass, returns
-            their results in order.
+        run_fused: Executes several tenants' tasks of one fusable kind together (they all have
+            the same ``kind``), returns their results in order; raising means nothing was applied
+            and the tasks are rerun one by one.
         max_fused: Most tenants fused into one pass.
         on_done: Called as ``on_done(task, wait_s, exec_s, ok)`` after every task (metrics).
     """
@@ -55,7 +59,8 @@ class FairScheduler:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="twinkle-model")
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
-        self.fused_passes = 0
+        self.fused_passes = 0  # fused forward_backward passes
+        self.fused_steps = 0  # batched optimizer steps
 
     async def submit(self, tenant: str, kind: str, payload: dict[str, Any]) -> Any:
         """Queue a call and wait for its result (exceptions propagate to the caller)."""
@@ -81,11 +86,11 @@ class FairScheduler:
         heads = [(tenant, q[0]) for tenant, q in self._queues.items() if q]
         if not heads:
             return []
-        first_tenant, first = heads[0]
-        if first.kind != FUSABLE:
+        first = heads[0][1]
+        if first.kind not in FUSABLE:
             batch = [first]
         else:
-            batch = [task for _, task in heads if task.kind == FUSABLE][: self.max_fused]
+            batch = [task for _, task in heads if task.kind == first.kind][: self.max_fused]
         for task in batch:
             self._queues[task.tenant].popleft()
             # Round-robin: a served tenant goes to the back of the line.
@@ -110,10 +115,14 @@ class FairScheduler:
                 results = self._run_fused(batch)
             except Exception:
                 # One tenant's bad input must not fail the others: nothing was applied (inputs
-                # and losses are checked before the backward pass), so rerun them one by one.
+                # and losses are checked before the backward pass, gradients before any optimizer
+                # step), so rerun them one by one.
                 results = None
             if results is not None:
-                self.fused_passes += 1
+                if batch[0].kind == "forward_backward":
+                    self.fused_passes += 1
+                else:
+                    self.fused_steps += 1
                 for task, result in zip(batch, results):
                     self._finish(task, result, None, started)
                 return

@@ -162,12 +162,16 @@ class ModelService:
         return result
 
     def _run_fused(self, tasks: list[Task]) -> list[Any]:
-        requests = {}
         for task in tasks:
             if task.tenant not in self.adapters:
                 raise self._missing(task.payload.get("_name", "?"), task.tenant)
-            requests[task.tenant] = native_ops.forward_backward_request(task.payload)
-        results = self.model.forward_backward_many(requests)
+        if tasks[0].kind == "forward_backward":
+            requests = {
+                task.tenant: native_ops.forward_backward_request(task.payload) for task in tasks
+            }
+            results = self.model.forward_backward_many(requests)
+        else:
+            results = native_ops.clip_grad_and_step_many(self.model, tasks)
         now = self.clock()
         wire = [native_ops.jsonable(results[task.tenant]) for task in tasks]
         for task, result in zip(tasks, wire):

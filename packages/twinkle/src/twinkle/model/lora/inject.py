@@ -101,13 +101,15 @@ def adapter_parameters(model: nn.Module, name: str) -> list[nn.Parameter]:
 
 
 def adapter_state_dict(model: nn.Module, name: str) -> dict[str, torch.Tensor]:
-    """``name``'s weights under PEFT's saved keys (``base_model.model.<module>.lora_A.weight``)."""
+    """A CPU copy of ``name``'s weights under PEFT's saved keys
+    (``base_model.model.<module>.lora_A.weight``): later training does not change it."""
     state = {}
     for module_name, layer in lora_layers(model).items():
         if name in layer.lora_A:
             prefix = PEFT_PREFIX + module_name
-            state[f"{prefix}.lora_A.weight"] = layer.lora_A[name].weight.detach().cpu().contiguous()
-            state[f"{prefix}.lora_B.weight"] = layer.lora_B[name].weight.detach().cpu().contiguous()
+            for kind in ("lora_A", "lora_B"):
+                weight = getattr(layer, kind)[name].weight.detach()
+                state[f"{prefix}.{kind}.weight"] = weight.to("cpu", copy=True).contiguous()
     return state
 
 

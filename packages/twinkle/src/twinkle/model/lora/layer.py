@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from twinkle.model.lora.ops import LoraSegment, segmented_lora
+from twinkle.model.lora.ops import LoraSegment, build_plan, segmented_lora
 from twinkle.model.lora.spec import AdapterSpec
 
 
@@ -29,18 +29,31 @@ class LoraRouter:
     (that is how reference log-probabilities are computed with the adapters disabled).
     """
 
+    MAX_LAYOUTS = 64  # distinct layouts remembered; layers cache their op plans per layout
+
     def __init__(self) -> None:
         self.routes: tuple[RowRoute, ...] = ()
+        # A number per distinct routing layout, never reused: layers key their cached plans on it.
+        self.layout_id = 0
+        self._layout_ids: dict[tuple[RowRoute, ...], int] = {}
+        self._next_id = 1
 
     @contextmanager
     def route(self, routes: list[RowRoute]):
         """Use ``routes`` (non-overlapping, any order) for the forward passes inside the block."""
-        previous = self.routes
+        previous = self.routes, self.layout_id
         self.routes = tuple(sorted(routes, key=lambda r: r.start))
+        layout_id = self._layout_ids.get(self.routes)
+        if layout_id is None:
+            if len(self._layout_ids) >= self.MAX_LAYOUTS:
+                self._layout_ids.clear()
+            layout_id = self._layout_ids[self.routes] = self._next_id
+            self._next_id += 1
+        self.layout_id = layout_id
         try:
             yield
         finally:
-            self.routes = previous
+            self.routes, self.layout_id = previous
 
 
 class MultiLoraLinear(nn.Module):
@@ -59,6 +72,10 @@ class MultiLoraLinear(nn.Module):
         self.scaling: dict[str, float] = {}
         # A plain attribute, not a submodule: the router is shared by every layer of the model.
         object.__setattr__(self, "_router", router)
+        # Segments and op plan per routing layout and input shape, rebuilt when this layer's
+        # adapters change: repeated layouts (the same tenants and batch sizes, step after step)
+        # skip building them.
+        self._plans: dict[tuple, tuple] = {}
 
     @property
     def in_features(self) -> int:
@@ -96,12 +113,14 @@ class MultiLoraLinear(nn.Module):
             nn.Dropout(spec.lora_dropout) if spec.lora_dropout > 0 else nn.Identity()
         )
         self.scaling[spec.name] = spec.scaling
+        self._plans.clear()
 
     def remove_adapter(self, name: str) -> None:
         for table in (self.lora_A, self.lora_B, self.lora_dropout):
             if name in table:
                 del table[name]
         self.scaling.pop(name, None)
+        self._plans.clear()
 
     def segments(self, rows: int) -> list[LoraSegment]:
         """The current routes that have an adapter in this layer, as op segments."""
@@ -124,7 +143,17 @@ class MultiLoraLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base_layer(x)
-        segments = self.segments(x.shape[0])
+        routes = self._router.routes
+        if not routes:
+            return out
+        key = (self._router.layout_id, x.shape[:-1], x.dtype, x.device)
+        cached = self._plans.get(key)
+        if cached is None:
+            if len(self._plans) >= LoraRouter.MAX_LAYOUTS:
+                self._plans.clear()
+            segments = self.segments(x.shape[0])
+            cached = self._plans[key] = (segments, build_plan(segments, x))
+        segments, plan = cached
         if not segments:
             return out
-        return out + segmented_lora(x, segments, self.out_features).to(out.dtype)
+        return out + segmented_lora(x, segments, self.out_features, plan).to(out.dtype)

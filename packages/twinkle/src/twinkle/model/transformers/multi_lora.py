@@ -22,6 +22,7 @@ from twinkle.model.lora import (
 from twinkle.model.metrics import Metric
 from twinkle.model.optim import build_optimizer, build_scheduler, check_scheduler_name
 from twinkle.model.tenant import Tenant, TrainConfigs
+from twinkle.model.threads import one_thread, small_on_cpu
 from twinkle.model.transformers import _steps
 from twinkle.model.transformers.batch import split_inputs
 
@@ -340,11 +341,54 @@ class MultiLoraTransformersModel:
         tenant.micro_step += 1
         if tenant.micro_step % tenant.gradient_accumulation_steps:
             return False
-        self.clip_grad_norm(max_grad_norm, adapter_name=tenant.name)
-        self.step(adapter_name=tenant.name)
+        with one_thread(small_on_cpu(tenant.params)):
+            self.clip_grad_norm(max_grad_norm, adapter_name=tenant.name)
+            self.step(adapter_name=tenant.name)
         self.zero_grad(adapter_name=tenant.name)
         self.lr_step(adapter_name=tenant.name)
         return True
+
+    def clip_grad_and_step_many(
+        self, adapter_names: list[str], max_grad_norm: float = 1.0
+    ) -> dict[str, bool]:
+        """``clip_grad_and_step`` for several tenants at once, with shared multi-tensor kernels.
+
+        Each tenant's clipping (by its own norm), optimizer update, accumulation count and lr
+        schedule equal those of its own ``clip_grad_and_step``; see :mod:`twinkle.model.multi_step`.
+        Every tenant is checked before anything changes.
+
+        Returns:
+            ``{adapter_name: whether its optimizer stepped}``.
+        """
+        from twinkle.model import multi_step
+
+        tenants = [self._tenant(name) for name in adapter_names]
+        if len({t.name for t in tenants}) != len(tenants):
+            raise ValueError(f"adapter names repeat in {list(adapter_names)!r}")
+        for tenant in tenants:
+            if not tenant.pending_grads or all(p.grad is None for p in tenant.params):
+                raise RuntimeError(
+                    f"adapter {tenant.name!r} has no gradients: call forward_backward before step"
+                )
+        stepping = []
+        for tenant in tenants:
+            tenant.micro_step += 1
+            if tenant.micro_step % tenant.gradient_accumulation_steps == 0:
+                stepping.append(tenant)
+        for tenant in stepping:
+            if tenant.optimizer is None:
+                self.set_optimizer("Adam", adapter_name=tenant.name, lr=1e-4)
+        grads = [[p.grad for p in t.params if p.grad is not None] for t in stepping]
+        with one_thread(small_on_cpu([g for tenant_grads in grads for g in tenant_grads])):
+            norms = multi_step.clip_grad_norms(grads, max_grad_norm)
+            multi_step.optimizer_steps([t.optimizer for t in stepping])
+        for tenant, norm in zip(stepping, norms):
+            tenant.last_grad_norm = norm
+            tenant.cur_step += 1
+            self.zero_grad(adapter_name=tenant.name)
+            self.lr_step(adapter_name=tenant.name)
+        stepped = {t.name for t in stepping}
+        return {t.name: t.name in stepped for t in tenants}
 
     def calculate_metric(self, is_training: bool = True, adapter_name: str | None = None) -> Metric:
         """Averages since the last call: loss, token_acc, grad_norm, lr, step."""
