@@ -268,8 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         "--check", action="store_true", help="only assert fused == sliced, then exit"
     )
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=15)
     parser.add_argument(
         "--models", nargs="*", default=None, help="model ids to run instead of the defaults"
     )

@@ -64,8 +64,7 @@ def local_fused_tps(model_id: str, tenants: int, rows: int, seq: int, steps: int
         if step == 2:
             start = time.perf_counter()
         model.forward_backward_many({name: {"inputs": batches[name]} for name in names})
-        for name in names:
-            model.clip_grad_and_step(adapter_name=name)
+        model.clip_grad_and_step_many(names)
     return tenants * rows * seq * steps / (time.perf_counter() - start)
 
 
@@ -86,7 +85,11 @@ def server_config(model_id: str, port: int, storage: str) -> dict:
                 "name": "model",
                 "route_prefix": f"/api/v1/model/{base}",
                 "import_path": "model",
-                "args": {"backend": "transformers", "model_id": model_id, "max_loras": 16},
+                "args": {
+                    "backend": "transformers",
+                    "model_id": model_id,
+                    "max_loras": 16,
+                },
             },
         ],
     }
@@ -205,6 +208,13 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=2, help="rows per tenant call (throughput)")
     parser.add_argument("--seq", type=int, default=64, help="tokens per row (throughput)")
     parser.add_argument(
+        "--ray-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="environment for Ray Serve (serve mode), e.g. RAY_SERVE_ENABLE_HA_PROXY=1; repeatable",
+    )
+    parser.add_argument(
         "--mode",
         choices=("serve", "local"),
         default="serve",
@@ -224,6 +234,9 @@ def main() -> int:
     if args.mode == "local":
         url, proc = start_local_server(args.model, args.port, storage)
     else:
+        for item in args.ray_env:
+            name, _, value = item.partition("=")
+            os.environ[name] = value
         url = start_server(args.model, args.port, storage)
     try:
         remote = remote_latency(url, batch, calls)
@@ -233,6 +246,7 @@ def main() -> int:
                     "bench": "server_overhead",
                     "kind": "latency",
                     "mode": args.mode,
+                    "ray_env": args.ray_env,
                     "model": args.model,
                     "rows": 2,
                     "seq": 16,
@@ -260,6 +274,7 @@ def main() -> int:
                         "bench": "server_overhead",
                         "kind": "throughput",
                         "mode": args.mode,
+                        "ray_env": args.ray_env,
                         "model": args.model,
                         "tenants": tenants,
                         "rows": args.rows,
