@@ -108,6 +108,7 @@ def test_concurrent_optimizer_steps_are_batched(service):
         before, stepped = run(scenario(norms))
         assert stepped == [True, True]
         assert service.scheduler.fused_steps - fused_before == batched
+        assert service.status()["fused_steps"] == service.scheduler.fused_steps
         for owner in ("alice", "bob"):
             tenant = service.model.tenants[internal[owner]]
             assert not tenant.pending_grads and tenant.last_grad_norm > 0

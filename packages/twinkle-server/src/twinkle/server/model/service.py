@@ -239,6 +239,7 @@ class ModelService:
             "max_loras": self.max_loras,
             "queue_depth": self.scheduler.depth(),
             "fused_passes": self.scheduler.fused_passes,
+            "fused_steps": self.scheduler.fused_steps,
             "rate_limit_rejections": self.rate_limiter.rejections,
             "tenants": [
                 self._status_row(e)
