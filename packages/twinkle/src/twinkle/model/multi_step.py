@@ -92,8 +92,9 @@ def optimizer_steps(optimizers: list[torch.optim.Optimizer]) -> int:
         The number of fused kernel launches used for the batched ones (for tests and metrics).
     """
     groups: dict[tuple, list[torch.optim.Optimizer]] = defaultdict(list)
+    hooked = _global_hooks()  # global step hooks must see every optimizer's own step()
     for optimizer in optimizers:
-        key = None if _global_hooks() else _batch_key(optimizer)
+        key = None if hooked else _batch_key(optimizer)
         if key is None:
             optimizer.step()
         else:

@@ -333,20 +333,8 @@ class MultiLoraTransformersModel:
     ) -> bool:
         """``clip_grad_norm`` + ``step`` + ``zero_grad`` + ``lr_step`` once every
         ``gradient_accumulation_steps`` calls; returns whether the optimizer stepped."""
-        tenant = self._tenant(adapter_name)
-        if not tenant.pending_grads:
-            raise RuntimeError(
-                f"adapter {tenant.name!r} has no gradients: call forward_backward before step"
-            )
-        tenant.micro_step += 1
-        if tenant.micro_step % tenant.gradient_accumulation_steps:
-            return False
-        with one_thread(small_on_cpu(tenant.params)):
-            self.clip_grad_norm(max_grad_norm, adapter_name=tenant.name)
-            self.step(adapter_name=tenant.name)
-        self.zero_grad(adapter_name=tenant.name)
-        self.lr_step(adapter_name=tenant.name)
-        return True
+        name = self._tenant(adapter_name).name
+        return self.clip_grad_and_step_many([name], max_grad_norm)[name]
 
     def clip_grad_and_step_many(
         self, adapter_names: list[str], max_grad_norm: float = 1.0
