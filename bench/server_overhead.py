@@ -11,7 +11,6 @@ Usage: python bench/server_overhead.py [--model tiny://qwen3.5] [--quick]
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import os
 import statistics
@@ -168,34 +167,52 @@ def remote_latency(url: str, batch: list[dict], calls: int) -> list[float]:
     return times
 
 
-def remote_tps(url: str, tenants: int, rows: int, seq: int, steps: int) -> float:
-    clients = [remote_client(url, KEYS[i], f"tp{tenants}") for i in range(tenants)]
+def _tenant_program(
+    url: str, key: str, name: str, rows: int, seq: int, seed: int, steps: int, barrier, results
+) -> None:
+    """One tenant's training program (its own process): add an adapter, 2 warm-up steps, then
+    ``steps`` timed ``forward_backward`` + ``clip_grad_and_step`` calls once every tenant is ready."""
+    http = remote_client(url, key, name)
+    batch = features(rows, seq, seed)
 
-    def loop(i: int) -> None:
-        batch = features(rows, seq, i)
-        for _ in range(2):  # warm-up
-            clients[i].post(
-                "/forward_backward", json={"adapter_name": f"tp{tenants}", "inputs": batch}
-            ).raise_for_status()
-            clients[i].post(
-                "/clip_grad_and_step", json={"adapter_name": f"tp{tenants}"}
-            ).raise_for_status()
-        for _ in range(steps):
-            clients[i].post(
-                "/forward_backward", json={"adapter_name": f"tp{tenants}", "inputs": batch}
-            ).raise_for_status()
-            clients[i].post(
-                "/clip_grad_and_step", json={"adapter_name": f"tp{tenants}"}
-            ).raise_for_status()
+    def step() -> None:
+        http.post(
+            "/forward_backward", json={"adapter_name": name, "inputs": batch}
+        ).raise_for_status()
+        http.post("/clip_grad_and_step", json={"adapter_name": name}).raise_for_status()
 
+    for _ in range(2):
+        step()
+    barrier.wait()
     start = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(tenants) as pool:
-        list(pool.map(loop, range(tenants)))
-    elapsed = time.perf_counter() - start
-    for http in clients:
-        http.post("/remove_adapter", json={"adapter_name": f"tp{tenants}"})
-        http.close()
-    return tenants * rows * seq * (steps + 2) / elapsed
+    for _ in range(steps):
+        step()
+    results.put((start, time.perf_counter()))
+    http.post("/remove_adapter", json={"adapter_name": name})
+    http.close()
+
+
+def remote_tps(url: str, tenants: int, rows: int, seq: int, steps: int) -> float:
+    """Aggregate tokens/s of ``tenants`` concurrent tenant programs, each in its own process (as
+    separate users' scripts are; threads of one process would serialise on its GIL)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(tenants), ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_tenant_program,
+            args=(url, KEYS[i], f"tp{tenants}", rows, seq, i, steps, barrier, results),
+        )
+        for i in range(tenants)
+    ]
+    for proc in procs:
+        proc.start()
+    spans = [results.get(timeout=600) for _ in procs]
+    for proc in procs:
+        proc.join(timeout=60)
+    elapsed = max(end for _, end in spans) - min(start for start, _ in spans)
+    return tenants * rows * seq * steps / elapsed
 
 
 def main() -> int:

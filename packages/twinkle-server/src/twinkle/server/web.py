@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -82,3 +83,25 @@ def authenticator_from(auth: Any) -> Authenticator:
         return principal.tenant_id
 
     return authenticate
+
+
+class StartOnFirstRequest:
+    """ASGI middleware that starts a background coroutine on the replica's event loop with the
+    first HTTP request (a Serve replica's loop is not running yet when its app is built).
+
+    Pure ASGI on purpose: Starlette's ``@app.middleware("http")`` wraps every request in extra
+    tasks and streams, which measured 2x the cost of a whole small request (~180 us vs ~75 us).
+
+    Args:
+        app: The wrapped ASGI app.
+        start: Returns the coroutine to run forever (``sweep_forever(...)``).
+    """
+
+    def __init__(self, app: Any, start: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        self.app, self._start = app, start
+        self.task: asyncio.Task | None = None
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if self.task is None and scope["type"] == "http":
+            self.task = asyncio.get_running_loop().create_task(self._start())
+        await self.app(scope, receive, send)

@@ -33,6 +33,11 @@ class QueueConfig(StrictModel):
     tps_limit: float | None = Field(default=None, gt=0, description="tokens per second per user")
     max_input_tokens: int | None = Field(default=None, gt=0)
     max_fused_tenants: int = Field(default=8, ge=1)
+    max_fuse_wait_ms: float = Field(
+        default=20,
+        ge=0,
+        description="longest a fusable group waits for tenants about to send a call (0: never)",
+    )
 
 
 class AdapterConfig(StrictModel):
@@ -83,6 +88,10 @@ class ModelArgs(_PlacedArgs):
     max_loras: int = Field(default=8, ge=1)
     max_lora_rank: int = Field(default=64, ge=1)
     torch_dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = None
+    cpu_threads: int | None = Field(default=None, ge=1)
+    """torch CPU threads of each replica. Default: ``OMP_NUM_THREADS`` where the deployment's
+    ``runtime_env`` sets it, else every core the replica may run on (Ray would give a replica with
+    fractional ``num_cpus`` one thread)."""
 
     @property
     def base_model_name(self) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from ray import serve
@@ -18,6 +17,7 @@ from twinkle.server.context import build_context
 from twinkle.server.gateway.app import create_gateway_app, housekeeping_forever
 from twinkle.server.gateway.backends import Backends, HandleClient
 from twinkle.server.telemetry import TracedClient, publish_resource_gauges, setup_telemetry
+from twinkle.server.web import StartOnFirstRequest
 
 DEPLOYMENT_NAMES = {"model": "ModelManagement", "sampler": "SamplerManagement"}
 
@@ -47,19 +47,13 @@ class TinkerCompatServer:
         setup_telemetry(self.config.telemetry, "Gateway")
         publish_resource_gauges(self.context)
         self.backends = handle_backends(self.config)
-        self._housekeeping: asyncio.Task | None = None
 
     def __serve_build_asgi_app__(self):
         app = create_gateway_app(self.context, self.backends)
-
-        @app.middleware("http")
-        async def _start_housekeeping(request, call_next):
-            if self._housekeeping is None:
-                self._housekeeping = asyncio.get_running_loop().create_task(
-                    housekeeping_forever(self.context, self.backends)
-                )
-            return await call_next(request)
-
+        app.add_middleware(
+            StartOnFirstRequest,
+            start=lambda: housekeeping_forever(self.context, self.backends),
+        )
         return app
 
 

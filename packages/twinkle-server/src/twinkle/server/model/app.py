@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
 from twinkle.server.model.service import ModelService
 from twinkle.server.web import (
@@ -38,6 +39,7 @@ def create_model_app(
     async def call(op: str, request: Request):
         owner = authenticate(request.headers)
         payload = await read_json(request, max_request_bytes)
-        return {"result": await service.call(owner, op, payload)}
+        # Results are plain JSON values already (``ops.jsonable``): no re-encoding pass.
+        return JSONResponse({"result": await service.call(owner, op, payload)})
 
     return app

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 from ray import serve
@@ -13,12 +14,36 @@ from twinkle.server.model.app import create_model_app
 from twinkle.server.model.backend import create_backend
 from twinkle.server.model.ratelimit import RateLimiter
 from twinkle.server.model.registry import StateRunRegistry
+from twinkle.server.model.scheduler import model_thread
 from twinkle.server.model.service import ModelService
 from twinkle.server.telemetry import ModelTaskMetrics, serve_traced, setup_telemetry
+from twinkle.server.web import StartOnFirstRequest
+
+
+def cpu_threads(app_config: ApplicationConfig) -> int | None:
+    """torch CPU threads for the replica: ``args.cpu_threads``; else ``None`` (leave it) where the
+    deployment's ``runtime_env`` sets ``OMP_NUM_THREADS``; else every core this process may use."""
+    if app_config.args.cpu_threads is not None:
+        return app_config.args.cpu_threads
+    if any("OMP_NUM_THREADS" in d.merged_runtime_env().env_vars for d in app_config.deployments):
+        return None
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def _build_on_this_thread(backend: str, model_id: str, threads: int | None, **kwargs: Any) -> Any:
+    if threads is not None and backend != "mock":
+        import torch
+
+        torch.set_num_threads(threads)
+    return create_backend(backend, model_id, **kwargs)
 
 
 def build_service(app_config: ApplicationConfig, context) -> ModelService:
-    """A ModelService for one ``model`` application of the config."""
+    """A ModelService for one ``model`` application of the config.
+
+    The model is built on the thread that will run every call on it (see
+    :func:`~twinkle.server.model.scheduler.model_thread`).
+    """
     args = app_config.args
     kwargs: dict[str, Any] = {}
     if args.torch_dtype and args.torch_dtype != "auto" and args.backend == "transformers":
@@ -30,7 +55,10 @@ def build_service(app_config: ApplicationConfig, context) -> ModelService:
             device_type=mesh.device_type,
             worker_options=_worker_options(app_config),
         )
-    model = create_backend(args.backend, args.model_id, **kwargs)
+    executor = model_thread()
+    model = executor.submit(
+        _build_on_this_thread, args.backend, args.model_id, cpu_threads(app_config), **kwargs
+    ).result()
     gateway = context.server_args
     registry = StateRunRegistry(
         context.state,
@@ -51,8 +79,10 @@ def build_service(app_config: ApplicationConfig, context) -> ModelService:
         adapter_max_lifetime=args.adapter_config.adapter_max_lifetime,
         rate_limiter=RateLimiter(queue.rps_limit, queue.tps_limit, queue.max_input_tokens),
         max_fused=queue.max_fused_tenants,
+        fuse_wait_s=queue.max_fuse_wait_ms / 1000,
         max_length=args.max_length,
         on_task_done=metrics.on_task_done,
+        executor=executor,
     )
     metrics.watch(service)
     return service
@@ -92,22 +122,16 @@ class ModelManagement:
         self.context = build_context(self.config)
         setup_telemetry(self.config.telemetry, "Model")
         self.service = build_service(self.app_config, self.context)
-        self._sweeper: asyncio.Task | None = None
 
     def __serve_build_asgi_app__(self):
         app = create_model_app(
             self.service, self.context.authenticate, self.context.server_args.max_request_bytes
         )
         timeout = self.app_config.args.adapter_config.adapter_timeout
-
-        @app.middleware("http")
-        async def _start_sweeper(request, call_next):
-            if self._sweeper is None:
-                self._sweeper = asyncio.get_running_loop().create_task(
-                    sweep_forever(self.service, min(30.0, timeout / 4))
-                )
-            return await call_next(request)
-
+        app.add_middleware(
+            StartOnFirstRequest,
+            start=lambda: sweep_forever(self.service, min(30.0, timeout / 4)),
+        )
         return app
 
     async def call(self, owner: str, op: str, payload: dict[str, Any]) -> Any:

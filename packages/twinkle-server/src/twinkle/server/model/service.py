@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +57,9 @@ class ModelService:
         adapter_max_lifetime: Seconds after which an adapter is unloaded regardless.
         rate_limiter: Per-tenant request/token limits.
         max_fused: Most tenants fused into one pass.
+        fuse_wait_s: Longest a fusable group waits for tenants about to join it.
+        executor: The single thread that built ``model`` (see
+            :func:`~twinkle.server.model.scheduler.model_thread`); every call runs on it.
     """
 
     def __init__(
@@ -74,6 +78,8 @@ class ModelService:
         max_length: int | None = None,
         clock: Callable[[], float] = time.time,
         on_task_done: Callable[[Task, float, float, bool], None] | None = None,
+        executor: ThreadPoolExecutor | None = None,
+        fuse_wait_s: float = 0.02,
     ) -> None:
         self.model = model
         self.base_model = base_model
@@ -87,7 +93,12 @@ class ModelService:
         self.adapters: dict[str, AdapterEntry] = {}
         self.unloaded: dict[str, str] = {}  # internal name -> why
         self.scheduler = FairScheduler(
-            self._run_single, self._run_fused, max_fused=max_fused, on_done=on_task_done
+            self._run_single,
+            self._run_fused,
+            max_fused=max_fused,
+            on_done=on_task_done,
+            executor=executor,
+            fuse_wait_s=fuse_wait_s,
         )
 
     # ------------------------------------------------------------------ entry point
@@ -155,7 +166,7 @@ class ModelService:
         entry = self.adapters.get(task.tenant)
         if entry is None and task.kind != "add_adapter_to_model":
             raise self._missing(task.payload.get("_name", "?"), task.tenant)
-        result = handler(self, task.tenant, entry, task.payload)
+        result = native_ops.jsonable(handler(self, task.tenant, entry, task.payload))
         if task.tenant in self.adapters:
             self.adapters[task.tenant].last_used = self.clock()
             self._note_progress(task, result)
