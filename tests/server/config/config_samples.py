@@ -28,6 +28,8 @@ def full_config_data() -> dict:
     deployment["runtime_env"] = {"env_vars": {"B": "2"}, "pip": ["x"], "working_dir": "."}
     model = data["applications"][1]["args"]
     model["torch_dtype"] = "bfloat16"
+    model["cpu_threads"] = 4
+    model["queue_config"]["max_fuse_wait_ms"] = 5
     return data
 
 

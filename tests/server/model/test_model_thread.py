@@ -1,0 +1,68 @@
+"""The model replica: one torch thread for everything, and its CPU thread count."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from twinkle.server.config import parse_config
+from twinkle.server.context import build_context
+from twinkle.server.model import deployment
+
+TINY = Path(__file__).resolve().parents[3] / "cookbook/client/server/tiny/server_config.yaml"
+
+
+def tiny_config_data() -> dict:
+    return yaml.safe_load(TINY.read_text())
+
+
+def model_app(data: dict):
+    config = parse_config(data)
+    return config, next(a for a in config.applications if a.import_path == "model")
+
+
+def test_cpu_threads_default_to_the_cores_unless_configured():
+    data = tiny_config_data()
+    _, app = model_app(data)
+    assert deployment.cpu_threads(app) == len(os.sched_getaffinity(0))
+
+    raw = next(a for a in data["applications"] if a["import_path"] == "model")
+    raw["deployments"][0]["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": 1}}
+    _, app = model_app(data)
+    assert deployment.cpu_threads(app) is None  # the deployment's own setting stands
+
+    raw["args"]["cpu_threads"] = 3
+    _, app = model_app(data)
+    assert deployment.cpu_threads(app) == 3
+
+    raw["args"]["cpu_threads"] = 0
+    with pytest.raises(Exception, match="cpu_threads"):
+        model_app(data)
+
+
+def test_the_model_is_built_on_the_thread_that_runs_its_calls(monkeypatch, tmp_path):
+    data = tiny_config_data()
+    raw = next(a for a in data["applications"] if a["import_path"] == "model")
+    raw["args"].update(backend="mock", cpu_threads=1)
+    data["storage"] = {"root": str(tmp_path)}
+    data["auth"] = {"api_keys": ["k"]}
+    config, app = model_app(data)
+    built_on = []
+    real = deployment.create_backend
+
+    def recording_backend(*args, **kwargs):
+        built_on.append(threading.current_thread())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(deployment, "create_backend", recording_backend)
+    service = deployment.build_service(app, build_context(config))
+    try:
+        runs_on = service.scheduler._executor.submit(threading.current_thread).result()
+        assert built_on == [runs_on] and runs_on is not threading.current_thread()
+        assert service.scheduler.fuse_wait_s == pytest.approx(0.02)  # the default 20 ms
+    finally:
+        service.scheduler.close()

@@ -1,0 +1,114 @@
+"""FairScheduler gathering: tenants between two calls are waited for, within bounds."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from twinkle.server.model.scheduler import FairScheduler, Task
+
+FB_S, STEP_S, THINK_S = 0.02, 0.002, 0.003
+
+
+class Recorder:
+    """Fake model: sleeps like a pass would and records every batch it ran."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[str, tuple[str, ...]]] = []
+
+    def _run(self, tasks: list[Task]) -> list[str]:
+        self.batches.append((tasks[0].kind, tuple(sorted(t.tenant for t in tasks))))
+        time.sleep(FB_S if tasks[0].kind == "forward_backward" else STEP_S)
+        return [t.tenant for t in tasks]
+
+    def single(self, task: Task) -> str:
+        return self._run([task])[0]
+
+    def fused(self, tasks: list[Task]) -> list[str]:
+        return self._run(tasks)
+
+    def passes(self, kind: str = "forward_backward") -> list[tuple[str, ...]]:
+        return [tenants for k, tenants in self.batches if k == kind]
+
+
+async def tenant_loop(scheduler: FairScheduler, tenant: str, steps: int, delay: float) -> None:
+    """A training client: forward_backward, think, clip_grad_and_step, think, ..."""
+    await asyncio.sleep(delay)
+    for _ in range(steps):
+        for kind in ("forward_backward", "clip_grad_and_step"):
+            assert await scheduler.submit(tenant, kind, {}) == tenant
+            await asyncio.sleep(THINK_S)
+
+
+def run_clients(fuse_wait_s: float, plan: dict[str, tuple[int, float]]) -> Recorder:
+    recorder = Recorder()
+
+    async def main() -> None:
+        scheduler = FairScheduler(recorder.single, recorder.fused, fuse_wait_s=fuse_wait_s)
+        try:
+            await asyncio.gather(
+                *(tenant_loop(scheduler, t, steps, delay) for t, (steps, delay) in plan.items())
+            )
+        finally:
+            scheduler.close()
+
+    asyncio.run(main())
+    return recorder
+
+
+def test_clients_out_of_phase_are_gathered_into_one_pass():
+    # b starts half a pass after a: without gathering, b's forward_backward runs alone while a
+    # steps, and the two stay out of phase.
+    plan = {"a": (12, 0.0), "b": (12, FB_S / 2)}
+    apart = run_clients(0.0, plan).passes()
+    gathered = run_clients(0.05, plan).passes()
+    assert len(apart) > 20  # nearly every pass ran one tenant
+    both = [p for p in gathered if p == ("a", "b")]
+    assert len(both) >= 10 and len(gathered) <= 14, gathered
+
+
+def test_a_tenant_that_stops_costs_the_others_at_most_one_short_wait():
+    recorder = Recorder()
+    waits: list[float] = []
+
+    async def main() -> None:
+        scheduler = FairScheduler(recorder.single, recorder.fused, fuse_wait_s=0.2)
+        original = scheduler._execute
+
+        def execute(batch: list[Task]) -> None:
+            waits.extend(t.started_at - t.enqueued_at for t in batch if t.tenant == "a")
+            original(batch)
+
+        scheduler._execute = execute
+        try:
+            await asyncio.gather(
+                tenant_loop(scheduler, "a", 10, 0.0), tenant_loop(scheduler, "b", 3, 0.0)
+            )
+        finally:
+            scheduler.close()
+
+    started = time.monotonic()
+    asyncio.run(main())
+    elapsed = time.monotonic() - started
+    # b left after 3 steps; a is never held for the full 0.2 s window, and its waits stay
+    # within b's expected arrival (2 x think time + 2 ms, plus scheduling slack).
+    assert max(waits) < 0.05, waits
+    assert sum(waits) < 0.1, waits
+    assert elapsed < 10 * (FB_S + STEP_S + 2 * THINK_S) + 0.3
+
+
+def test_no_gathering_when_disabled_or_when_nobody_is_expected():
+    recorder = Recorder()
+
+    async def main() -> float:
+        scheduler = FairScheduler(recorder.single, recorder.fused, fuse_wait_s=0.5)
+        try:
+            # A tenant never seen before is not expected: the first call runs at once.
+            started = time.monotonic()
+            await scheduler.submit("a", "forward_backward", {})
+            return time.monotonic() - started
+        finally:
+            scheduler.close()
+
+    assert asyncio.run(main()) < 0.5 * 0.5
+    assert recorder.passes() == [("a",)]
