@@ -12,6 +12,7 @@ import yaml
 from twinkle.server.config import parse_config
 from twinkle.server.context import build_context
 from twinkle.server.model import deployment
+from twinkle.server.threads import cpu_threads
 
 TINY = Path(__file__).resolve().parents[3] / "cookbook/client/server/tiny/server_config.yaml"
 
@@ -28,16 +29,16 @@ def model_app(data: dict):
 def test_cpu_threads_default_to_the_cores_unless_configured():
     data = tiny_config_data()
     _, app = model_app(data)
-    assert deployment.cpu_threads(app) == len(os.sched_getaffinity(0))
+    assert cpu_threads(app) == len(os.sched_getaffinity(0))
 
     raw = next(a for a in data["applications"] if a["import_path"] == "model")
     raw["deployments"][0]["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": 1}}
     _, app = model_app(data)
-    assert deployment.cpu_threads(app) is None  # the deployment's own setting stands
+    assert cpu_threads(app) is None  # the deployment's own setting stands
 
     raw["args"]["cpu_threads"] = 3
     _, app = model_app(data)
-    assert deployment.cpu_threads(app) == 3
+    assert cpu_threads(app) == 3
 
     raw["args"]["cpu_threads"] = 0
     with pytest.raises(Exception, match="cpu_threads"):
@@ -66,3 +67,26 @@ def test_the_model_is_built_on_the_thread_that_runs_its_calls(monkeypatch, tmp_p
         assert service.scheduler.fuse_wait_s == pytest.approx(0.02)  # the default 20 ms
     finally:
         service.scheduler.close()
+
+
+def test_an_in_process_sampler_is_built_on_the_thread_that_samples(monkeypatch, tmp_path):
+    from twinkle.server.sampler import deployment as sampler_deployment
+
+    data = tiny_config_data()
+    raw = next(a for a in data["applications"] if a["import_path"] == "sampler")
+    raw["args"]["sampler_type"] = "mock"
+    data["storage"] = {"root": str(tmp_path)}
+    data["auth"] = {"api_keys": ["k"]}
+    config = parse_config(data)
+    app = next(a for a in config.applications if a.import_path == "sampler")
+    built_on = []
+    real = sampler_deployment.create_sampler
+
+    def recording_sampler(*args, **kwargs):
+        built_on.append(threading.current_thread())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sampler_deployment, "create_sampler", recording_sampler)
+    service = sampler_deployment.build_sampler_service(app, build_context(config))
+    runs_on = service._executor.submit(threading.current_thread).result()
+    assert built_on == [runs_on] and runs_on is not threading.current_thread()

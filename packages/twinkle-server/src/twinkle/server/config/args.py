@@ -171,6 +171,8 @@ class SamplerArgs(_PlacedArgs):
     queue_config: QueueConfig = Field(default_factory=QueueConfig)
     max_loras: int = Field(default=8, ge=1)
     max_length: int | None = Field(default=None, gt=0)
+    cpu_threads: int | None = Field(default=None, ge=1)
+    """torch CPU threads of each replica, as for the model."""
 
     @property
     def base_model_name(self) -> str:

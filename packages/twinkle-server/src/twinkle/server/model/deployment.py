@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import Any
 
 from ray import serve
@@ -14,35 +13,17 @@ from twinkle.server.model.app import create_model_app
 from twinkle.server.model.backend import create_backend
 from twinkle.server.model.ratelimit import RateLimiter
 from twinkle.server.model.registry import StateRunRegistry
-from twinkle.server.model.scheduler import model_thread
 from twinkle.server.model.service import ModelService
 from twinkle.server.telemetry import ModelTaskMetrics, serve_traced, setup_telemetry
+from twinkle.server.threads import build_on_model_thread, cpu_threads
 from twinkle.server.web import StartOnFirstRequest
-
-
-def cpu_threads(app_config: ApplicationConfig) -> int | None:
-    """torch CPU threads for the replica: ``args.cpu_threads``; else ``None`` (leave it) where the
-    deployment's ``runtime_env`` sets ``OMP_NUM_THREADS``; else every core this process may use."""
-    if app_config.args.cpu_threads is not None:
-        return app_config.args.cpu_threads
-    if any("OMP_NUM_THREADS" in d.merged_runtime_env().env_vars for d in app_config.deployments):
-        return None
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-
-
-def _build_on_this_thread(backend: str, model_id: str, threads: int | None, **kwargs: Any) -> Any:
-    if threads is not None and backend != "mock":
-        import torch
-
-        torch.set_num_threads(threads)
-    return create_backend(backend, model_id, **kwargs)
 
 
 def build_service(app_config: ApplicationConfig, context) -> ModelService:
     """A ModelService for one ``model`` application of the config.
 
     The model is built on the thread that will run every call on it (see
-    :func:`~twinkle.server.model.scheduler.model_thread`).
+    :func:`~twinkle.server.threads.model_thread`).
     """
     args = app_config.args
     kwargs: dict[str, Any] = {}
@@ -55,10 +36,10 @@ def build_service(app_config: ApplicationConfig, context) -> ModelService:
             device_type=mesh.device_type,
             worker_options=_worker_options(app_config),
         )
-    executor = model_thread()
-    model = executor.submit(
-        _build_on_this_thread, args.backend, args.model_id, cpu_threads(app_config), **kwargs
-    ).result()
+    model, executor = build_on_model_thread(
+        lambda: create_backend(args.backend, args.model_id, **kwargs),
+        cpu_threads(app_config) if args.backend != "mock" else None,
+    )
     gateway = context.server_args
     registry = StateRunRegistry(
         context.state,

@@ -26,19 +26,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from twinkle.server.threads import model_thread
+
 FUSABLE = ("forward_backward", "clip_grad_and_step")
-
-
-def model_thread() -> ThreadPoolExecutor:
-    """The one thread a model replica runs all its torch work on, construction included.
-
-    torch's CPU kernels run on an OpenMP thread team per calling thread. A second thread that
-    also calls torch (say, the model built on the replica's main thread, trained on a worker)
-    gets a second team, and the two teams' spinning threads fight over the cores: measured on
-    the 2-core development machine, a fused 8-tenant step ran at ~12k tokens/s after one torch
-    call from another thread vs ~20.5k with every call on one thread.
-    """
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="twinkle-model")
 
 
 @dataclass

@@ -59,7 +59,7 @@ class ModelService:
         max_fused: Most tenants fused into one pass.
         fuse_wait_s: Longest a fusable group waits for tenants about to join it.
         executor: The single thread that built ``model`` (see
-            :func:`~twinkle.server.model.scheduler.model_thread`); every call runs on it.
+            :func:`~twinkle.server.threads.model_thread`); every call runs on it.
     """
 
     def __init__(

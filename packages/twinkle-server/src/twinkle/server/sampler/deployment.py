@@ -12,6 +12,7 @@ from twinkle.server.context import build_context
 from twinkle.server.model.ratelimit import RateLimiter
 from twinkle.server.sampler.service import SamplerService
 from twinkle.server.telemetry import serve_traced, setup_telemetry
+from twinkle.server.threads import build_on_model_thread, cpu_threads
 from twinkle.server.web import (
     DEFAULT_MAX_REQUEST_BYTES,
     Authenticator,
@@ -55,7 +56,15 @@ def create_sampler(app_config: ApplicationConfig, storage_root) -> Any:
 
 def build_sampler_service(app_config: ApplicationConfig, context) -> SamplerService:
     args = app_config.args
-    sampler = create_sampler(app_config, context.storage_root.resolve())
+    executor = None
+    if args.device_mesh is None or args.device_mesh.dp_size == 1:
+        # In-process engine: built on the one thread that will run it (see ``model_thread``).
+        sampler, executor = build_on_model_thread(
+            lambda: create_sampler(app_config, context.storage_root.resolve()),
+            cpu_threads(app_config) if args.sampler_type != "mock" else None,
+        )
+    else:
+        sampler = create_sampler(app_config, context.storage_root.resolve())
 
     def resolve(owner: str, path: str):
         return context.state.resolve_checkpoint_path(owner, path, allow_public=True).local_dir
@@ -66,6 +75,7 @@ def build_sampler_service(app_config: ApplicationConfig, context) -> SamplerServ
         base_model_name(args.model_id),
         resolve,
         RateLimiter(queue.rps_limit, queue.tps_limit, queue.max_input_tokens),
+        executor=executor,
     )
 
 

@@ -43,15 +43,17 @@ class SamplerService:
         base_model: str,
         resolve_adapter,
         rate_limiter: RateLimiter | None = None,
+        executor: ThreadPoolExecutor | None = None,
     ) -> None:
         self.sampler = sampler
         self.base_model = base_model
         self.resolve_adapter = resolve_adapter
         self.rate_limiter = rate_limiter or RateLimiter()
         self.templates: dict[str, Any] = {}
-        # One thread per engine: a data-parallel sampler serves that many requests at once.
+        # One thread per engine: a data-parallel sampler serves that many requests at once; an
+        # in-process one runs on the thread that built it (``executor``, see ``model_thread``).
         workers = getattr(sampler, "dp_size", 1)
-        self._executor = ThreadPoolExecutor(
+        self._executor = executor or ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix="twinkle-sampler"
         )
         self.requests = 0
