@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import statistics
 import time
 
@@ -208,7 +209,18 @@ def remote_tps(url: str, tenants: int, rows: int, seq: int, steps: int) -> float
     ]
     for proc in procs:
         proc.start()
-    spans = [results.get(timeout=600) for _ in procs]
+    spans: list[tuple[float, float]] = []
+    while len(spans) < tenants:
+        try:
+            spans.append(results.get(timeout=1))
+        except queue.Empty:
+            failed = [proc.exitcode for proc in procs if proc.exitcode not in (None, 0)]
+            if failed:
+                for proc in procs:
+                    proc.terminate()
+                raise RuntimeError(
+                    f"{len(failed)} tenant process(es) failed: exit codes {failed}"
+                ) from None
     for proc in procs:
         proc.join(timeout=60)
     elapsed = max(end for _, end in spans) - min(start for start, _ in spans)
