@@ -31,13 +31,15 @@ class Recorder:
         return [tenants for k, tenants in self.batches if k == kind]
 
 
-async def tenant_loop(scheduler: FairScheduler, tenant: str, steps: int, delay: float) -> None:
+async def tenant_loop(
+    scheduler: FairScheduler, tenant: str, steps: int, delay: float, think: float = THINK_S
+) -> None:
     """A training client: forward_backward, think, clip_grad_and_step, think, ..."""
     await asyncio.sleep(delay)
     for _ in range(steps):
         for kind in ("forward_backward", "clip_grad_and_step"):
             assert await scheduler.submit(tenant, kind, {}) == tenant
-            await asyncio.sleep(THINK_S)
+            await asyncio.sleep(think)
 
 
 def run_clients(fuse_wait_s: float, plan: dict[str, tuple[int, float]]) -> Recorder:
@@ -95,6 +97,32 @@ def test_a_tenant_that_stops_costs_the_others_at_most_one_short_wait():
     assert max(waits) < 0.05, waits
     assert sum(waits) < 0.1, waits
     assert elapsed < 10 * (FB_S + STEP_S + 2 * THINK_S) + 0.3
+
+
+def test_a_tenant_that_thinks_longer_than_the_window_is_not_waited_for():
+    recorder = Recorder()
+    waits: list[float] = []
+
+    async def main() -> None:
+        scheduler = FairScheduler(recorder.single, recorder.fused, fuse_wait_s=0.05)
+        original = scheduler._execute
+
+        def execute(batch: list[Task]) -> None:
+            waits.extend(t.started_at - t.enqueued_at for t in batch if t.tenant == "a")
+            original(batch)
+
+        scheduler._execute = execute
+        try:
+            # b loads data for 0.2 s between calls: a must not wait for it.
+            await asyncio.gather(
+                tenant_loop(scheduler, "a", 12, 0.0), tenant_loop(scheduler, "b", 3, 0.0, 0.2)
+            )
+        finally:
+            scheduler.close()
+
+    asyncio.run(main())
+    late = waits[6:]  # once b's think time is known
+    assert max(late) < 0.01, late
 
 
 def test_no_gathering_when_disabled_or_when_nobody_is_expected():

@@ -9,9 +9,9 @@ another.
 
 Gathering: a training client sends its next call a short "think time" after it got the answer to
 its previous one. When a fusable group is smaller than it could be and some tenants are exactly in
-that gap (their last call just finished, nothing queued), the group waits for them, at most until
-each one's expected arrival (twice its usual think time, plus 2 ms) and never more than
-``fuse_wait_s`` after its oldest call was queued. Heads of another kind that are ready run in the
+that gap (their last call just finished, nothing queued) and usually arrive within
+``fuse_wait_s`` of the group's oldest call, the group waits for them, at most until each one's
+latest expected arrival (twice its usual think time, plus 2 ms) and never past that window. Heads of another kind that are ready run in the
 meantime. Without this, clients that drifted apart stay apart: half of them run ``forward_backward``
 while the other half step, and every pass is half as wide as it could be.
 """
@@ -105,8 +105,9 @@ class FairScheduler:
     def depths(self) -> dict[str, int]:
         return {tenant: len(q) for tenant, q in self._queues.items() if q}
 
-    def _expected(self, now: float) -> dict[str, float]:
-        """Tenants between two calls that should send the next one soon -> expected by when."""
+    def _expected(self, now: float) -> dict[str, tuple[float, float]]:
+        """Tenants between two calls that should send the next one soon -> (typical arrival,
+        latest arrival still waited for)."""
         expected = {}
         for tenant, done in list(self._last_done.items()):
             think = self._think_s.get(tenant)
@@ -114,7 +115,7 @@ class FairScheduler:
                 continue
             due = done + 2 * think + 0.002
             if due > now:
-                expected[tenant] = due
+                expected[tenant] = (done + think, due)
             else:  # late: not waited for again until its next call
                 del self._last_done[tenant]
         return expected
@@ -134,8 +135,10 @@ class FairScheduler:
             seen.add(first.kind)
             batch = [task for _, task in heads if task.kind == first.kind][: self.max_fused]
             if len(batch) < self.max_fused and expected:
-                oldest = min(task.enqueued_at for task in batch)
-                until = min(max(expected.values()), oldest + self.fuse_wait_s)
+                deadline = min(task.enqueued_at for task in batch) + self.fuse_wait_s
+                # Only tenants that usually arrive within the window are worth waiting for.
+                dues = [due for typical, due in expected.values() if typical <= deadline]
+                until = min(max(dues), deadline) if dues else now
                 if until > now:
                     wait_until = until if wait_until is None else min(wait_until, until)
                     continue
