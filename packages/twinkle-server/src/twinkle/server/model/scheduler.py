@@ -79,6 +79,7 @@ class FairScheduler:
         self._worker: asyncio.Task | None = None
         self.fused_passes = 0  # fused forward_backward passes
         self.fused_steps = 0  # batched optimizer steps
+        self.busy_s = 0.0  # seconds the worker thread spent running tasks
 
     async def submit(self, tenant: str, kind: str, payload: dict[str, Any]) -> Any:
         """Queue a call and wait for its result (exceptions propagate to the caller)."""
@@ -176,6 +177,12 @@ class FairScheduler:
 
     def _execute(self, batch: list[Task]) -> None:
         started = time.monotonic()
+        try:
+            self._execute_timed(batch, started)
+        finally:
+            self.busy_s += time.monotonic() - started
+
+    def _execute_timed(self, batch: list[Task], started: float) -> None:
         if len(batch) > 1:
             try:
                 results = self._run_fused(batch)
