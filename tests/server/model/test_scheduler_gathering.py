@@ -15,9 +15,12 @@ class Recorder:
 
     def __init__(self) -> None:
         self.batches: list[tuple[str, tuple[str, ...]]] = []
+        self.waits: dict[str, list[float]] = {}  # tenant -> queue wait of each of its calls
 
     def _run(self, tasks: list[Task]) -> list[str]:
         self.batches.append((tasks[0].kind, tuple(sorted(t.tenant for t in tasks))))
+        for t in tasks:
+            self.waits.setdefault(t.tenant, []).append(t.started_at - t.enqueued_at)
         time.sleep(FB_S if tasks[0].kind == "forward_backward" else STEP_S)
         return [t.tenant for t in tasks]
 
@@ -42,15 +45,14 @@ async def tenant_loop(
             await asyncio.sleep(think)
 
 
-def run_clients(fuse_wait_s: float, plan: dict[str, tuple[int, float]]) -> Recorder:
+def run_clients(fuse_wait_s: float, plan: dict[str, tuple]) -> Recorder:
+    """Run one ``tenant_loop`` per ``plan`` entry ``tenant: (steps, delay[, think])``."""
     recorder = Recorder()
 
     async def main() -> None:
         scheduler = FairScheduler(recorder.single, recorder.fused, fuse_wait_s=fuse_wait_s)
         try:
-            await asyncio.gather(
-                *(tenant_loop(scheduler, t, steps, delay) for t, (steps, delay) in plan.items())
-            )
+            await asyncio.gather(*(tenant_loop(scheduler, t, *args) for t, args in plan.items()))
         finally:
             scheduler.close()
 
@@ -70,27 +72,8 @@ def test_clients_out_of_phase_are_gathered_into_one_pass():
 
 
 def test_a_tenant_that_stops_costs_the_others_at_most_one_short_wait():
-    recorder = Recorder()
-    waits: list[float] = []
-
-    async def main() -> None:
-        scheduler = FairScheduler(recorder.single, recorder.fused, fuse_wait_s=0.2)
-        original = scheduler._execute
-
-        def execute(batch: list[Task]) -> None:
-            waits.extend(t.started_at - t.enqueued_at for t in batch if t.tenant == "a")
-            original(batch)
-
-        scheduler._execute = execute
-        try:
-            await asyncio.gather(
-                tenant_loop(scheduler, "a", 10, 0.0), tenant_loop(scheduler, "b", 3, 0.0)
-            )
-        finally:
-            scheduler.close()
-
     started = time.monotonic()
-    asyncio.run(main())
+    waits = run_clients(0.2, {"a": (10, 0.0), "b": (3, 0.0)}).waits["a"]
     elapsed = time.monotonic() - started
     # b left after 3 steps; a is never held for the full 0.2 s window, and its waits stay
     # within b's expected arrival (2 x think time + 2 ms, plus scheduling slack).
@@ -100,27 +83,8 @@ def test_a_tenant_that_stops_costs_the_others_at_most_one_short_wait():
 
 
 def test_a_tenant_that_thinks_longer_than_the_window_is_not_waited_for():
-    recorder = Recorder()
-    waits: list[float] = []
-
-    async def main() -> None:
-        scheduler = FairScheduler(recorder.single, recorder.fused, fuse_wait_s=0.05)
-        original = scheduler._execute
-
-        def execute(batch: list[Task]) -> None:
-            waits.extend(t.started_at - t.enqueued_at for t in batch if t.tenant == "a")
-            original(batch)
-
-        scheduler._execute = execute
-        try:
-            # b loads data for 0.2 s between calls: a must not wait for it.
-            await asyncio.gather(
-                tenant_loop(scheduler, "a", 12, 0.0), tenant_loop(scheduler, "b", 3, 0.0, 0.2)
-            )
-        finally:
-            scheduler.close()
-
-    asyncio.run(main())
+    # b loads data for 0.2 s between calls: a must not wait for it.
+    waits = run_clients(0.05, {"a": (12, 0.0), "b": (3, 0.0, 0.2)}).waits["a"]
     late = waits[6:]  # once b's think time is known
     assert max(late) < 0.01, late
 
