@@ -45,21 +45,32 @@ def test_cpu_threads_default_to_the_cores_unless_configured():
         model_app(data)
 
 
-def test_the_model_is_built_on_the_thread_that_runs_its_calls(monkeypatch, tmp_path):
+def served_config(tmp_path, import_path: str, **args):
+    """The tiny config with keys and storage, ``args`` set on the ``import_path`` application."""
     data = tiny_config_data()
-    raw = next(a for a in data["applications"] if a["import_path"] == "model")
-    raw["args"].update(backend="mock", cpu_threads=1)
+    next(a for a in data["applications"] if a["import_path"] == import_path)["args"].update(args)
     data["storage"] = {"root": str(tmp_path)}
     data["auth"] = {"api_keys": ["k"]}
-    config, app = model_app(data)
-    built_on = []
-    real = deployment.create_backend
+    config = parse_config(data)
+    return config, next(a for a in config.applications if a.import_path == import_path)
 
-    def recording_backend(*args, **kwargs):
-        built_on.append(threading.current_thread())
+
+def record_threads(monkeypatch, module, factory: str) -> list[threading.Thread]:
+    """Wrap ``module.factory`` so each call records the thread it ran on."""
+    threads: list[threading.Thread] = []
+    real = getattr(module, factory)
+
+    def recording(*args, **kwargs):
+        threads.append(threading.current_thread())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(deployment, "create_backend", recording_backend)
+    monkeypatch.setattr(module, factory, recording)
+    return threads
+
+
+def test_the_model_is_built_on_the_thread_that_runs_its_calls(monkeypatch, tmp_path):
+    config, app = served_config(tmp_path, "model", backend="mock", cpu_threads=1)
+    built_on = record_threads(monkeypatch, deployment, "create_backend")
     service = deployment.build_service(app, build_context(config))
     try:
         runs_on = service.scheduler._executor.submit(threading.current_thread).result()
@@ -72,21 +83,8 @@ def test_the_model_is_built_on_the_thread_that_runs_its_calls(monkeypatch, tmp_p
 def test_an_in_process_sampler_is_built_on_the_thread_that_samples(monkeypatch, tmp_path):
     from twinkle.server.sampler import deployment as sampler_deployment
 
-    data = tiny_config_data()
-    raw = next(a for a in data["applications"] if a["import_path"] == "sampler")
-    raw["args"]["sampler_type"] = "mock"
-    data["storage"] = {"root": str(tmp_path)}
-    data["auth"] = {"api_keys": ["k"]}
-    config = parse_config(data)
-    app = next(a for a in config.applications if a.import_path == "sampler")
-    built_on = []
-    real = sampler_deployment.create_sampler
-
-    def recording_sampler(*args, **kwargs):
-        built_on.append(threading.current_thread())
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(sampler_deployment, "create_sampler", recording_sampler)
+    config, app = served_config(tmp_path, "sampler", sampler_type="mock")
+    built_on = record_threads(monkeypatch, sampler_deployment, "create_sampler")
     service = sampler_deployment.build_sampler_service(app, build_context(config))
     runs_on = service._executor.submit(threading.current_thread).result()
     assert built_on == [runs_on] and runs_on is not threading.current_thread()
