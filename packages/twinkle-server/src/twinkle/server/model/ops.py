@@ -222,6 +222,8 @@ def _from_checkpoint(method: str) -> Callable:
     return handler
 
 
+# Every handler returns plain JSON values (``jsonable`` where the model hands back numpy): the
+# HTTP route sends them as they are.
 OPS: dict[str, Callable] = {
     "add_adapter_to_model": add_adapter_to_model,
     "remove_adapter": remove_adapter,

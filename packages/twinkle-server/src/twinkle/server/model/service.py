@@ -166,7 +166,7 @@ class ModelService:
         entry = self.adapters.get(task.tenant)
         if entry is None and task.kind != "add_adapter_to_model":
             raise self._missing(task.payload.get("_name", "?"), task.tenant)
-        result = native_ops.jsonable(handler(self, task.tenant, entry, task.payload))
+        result = handler(self, task.tenant, entry, task.payload)
         if task.tenant in self.adapters:
             self.adapters[task.tenant].last_used = self.clock()
             self._note_progress(task, result)
