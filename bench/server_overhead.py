@@ -5,7 +5,12 @@ Prints one JSON object per line:
   {"bench": "server_overhead", "kind": "latency", ...local_p50_ms, remote_p50_ms, overhead_p50_ms...}
   {"bench": "server_overhead", "kind": "throughput", "tenants": N, "server_tps", "local_fused_tps", "ratio"}
 
-Usage: python bench/server_overhead.py [--model tiny://qwen3.5] [--quick]
+Throughput runs at two call shapes (``--shape ROWSxSEQ``, repeatable): 8 x 128 tokens per call,
+a small but real training micro-batch, and 2 x 64, a probe where the per-request cost dominates.
+On a 2-core machine every request's CPU (client, Serve proxy, replica) comes out of the same two
+cores the fused step runs on, so the second shape shows the cost of the request path itself.
+
+Usage: python bench/server_overhead.py [--model tiny://qwen3.5] [--quick] [--shape 8x128 ...]
 """
 
 from __future__ import annotations
@@ -21,6 +26,15 @@ import httpx
 import numpy as np
 
 KEYS = [f"bench-key-{i}" for i in range(8)]
+DEFAULT_SHAPES = ((8, 128), (2, 64))  # rows x tokens per tenant call
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    """``"8x128"`` -> ``(8, 128)``."""
+    rows, sep, seq = text.lower().partition("x")
+    if not sep or not rows.isdigit() or not seq.isdigit() or int(rows) < 1 or int(seq) < 2:
+        raise argparse.ArgumentTypeError(f"expected ROWSxSEQ such as 8x128, got {text!r}")
+    return int(rows), int(seq)
 
 
 def features(rows: int, seq: int, seed: int) -> list[dict]:
@@ -234,8 +248,15 @@ def main() -> int:
     parser.add_argument("--model", default="tiny://qwen3.5")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--port", type=int, default=8123)
-    parser.add_argument("--rows", type=int, default=2, help="rows per tenant call (throughput)")
-    parser.add_argument("--seq", type=int, default=64, help="tokens per row (throughput)")
+    parser.add_argument(
+        "--shape",
+        action="append",
+        type=parse_shape,
+        default=None,
+        metavar="ROWSxSEQ",
+        help="rows x tokens per tenant call for the throughput runs; repeatable "
+        f"(default: {' and '.join(f'{r}x{s}' for r, s in DEFAULT_SHAPES)})",
+    )
     parser.add_argument(
         "--ray-env",
         action="append",
@@ -292,29 +313,28 @@ def main() -> int:
             ),
             flush=True,
         )
-        for tenants in (1, 4, 8):
-            server = remote_tps(url, tenants, rows=args.rows, seq=args.seq, steps=steps)
-            local_fused = local_fused_tps(
-                args.model, tenants, rows=args.rows, seq=args.seq, steps=steps
-            )
-            print(
-                json.dumps(
-                    {
-                        "bench": "server_overhead",
-                        "kind": "throughput",
-                        "mode": args.mode,
-                        "ray_env": args.ray_env,
-                        "model": args.model,
-                        "tenants": tenants,
-                        "rows": args.rows,
-                        "seq": args.seq,
-                        "server_tps": round(server, 1),
-                        "local_fused_tps": round(local_fused, 1),
-                        "ratio": round(server / local_fused, 3),
-                    }
-                ),
-                flush=True,
-            )
+        for rows, seq in args.shape or DEFAULT_SHAPES:
+            for tenants in (1, 4, 8):
+                server = remote_tps(url, tenants, rows=rows, seq=seq, steps=steps)
+                local_fused = local_fused_tps(args.model, tenants, rows=rows, seq=seq, steps=steps)
+                print(
+                    json.dumps(
+                        {
+                            "bench": "server_overhead",
+                            "kind": "throughput",
+                            "mode": args.mode,
+                            "ray_env": args.ray_env,
+                            "model": args.model,
+                            "tenants": tenants,
+                            "rows": rows,
+                            "seq": seq,
+                            "server_tps": round(server, 1),
+                            "local_fused_tps": round(local_fused, 1),
+                            "ratio": round(server / local_fused, 3),
+                        }
+                    ),
+                    flush=True,
+                )
     finally:
         if proc is not None:
             proc.terminate()

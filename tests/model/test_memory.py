@@ -1,0 +1,85 @@
+"""keep_freed_memory: glibc serves big blocks from its heap (reused step to step), not fresh mmaps.
+
+Each case runs in a fresh interpreter: the setting is process-wide and sticks once applied.
+"""
+
+import ctypes
+import os
+import platform
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+
+def _has_mallinfo2() -> bool:
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    return hasattr(ctypes.CDLL("libc.so.6"), "mallinfo2")  # glibc >= 2.33
+
+
+pytestmark = pytest.mark.skipif(
+    not _has_mallinfo2(), reason="the setting exists only with glibc; the probe needs mallinfo2"
+)
+
+# Allocate 16 MiB (above glibc's default mmap threshold of 128 KiB) and report whether it came
+# from a fresh mmap: mallinfo2().hblkhd counts the bytes in mmapped blocks.
+PROBE = textwrap.dedent(
+    """
+    import ctypes
+    from twinkle.model.memory import keep_freed_memory
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+            "uordblks", "fordblks", "keepcost")]
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = MallInfo2
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    applied = keep_freed_memory()
+    before = libc.mallinfo2().hblkhd
+    block = libc.malloc(16 << 20)
+    mmapped = libc.mallinfo2().hblkhd - before
+    libc.free(block)
+    print(applied, mmapped >= 16 << 20)
+    """
+)
+
+
+def _probe(**env: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return result.stdout.strip()
+
+
+def test_big_blocks_come_from_the_heap_once_applied():
+    assert _probe(TWINKLE_MALLOC_TUNING="1") == "True False"
+
+
+def test_env_switch_leaves_glibc_defaults():
+    assert _probe(TWINKLE_MALLOC_TUNING="0") == "False True"
+
+
+def test_building_a_cpu_model_applies_it():
+    code = (
+        "from twinkle.model import MultiLoraTransformersModel\n"
+        "from twinkle.model import memory\n"
+        "assert memory._applied is None\n"
+        "MultiLoraTransformersModel('tiny://qwen3.5', device='cpu')\n"
+        "print(memory._applied)\n"
+    )
+    env = {**os.environ, "TWINKLE_MALLOC_TUNING": "1", "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "True"
