@@ -17,6 +17,7 @@ on its own line. ``--check`` asserts that fused losses and gradients equal the s
     python bench/multi_tenant_train.py            # full run
     python bench/multi_tenant_train.py --quick    # a subset, under a minute
     python bench/multi_tenant_train.py --check    # correctness only
+    python bench/multi_tenant_train.py --keep-freed-memory   # as the server's replicas run
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import torch  # noqa: E402
 from peft import LoraConfig  # noqa: E402
 
 from twinkle.model import MultiLoraTransformersModel  # noqa: E402
+from twinkle.model.memory import keep_freed_memory  # noqa: E402
 
 MODELS = ("tiny://qwen3.5", "tiny://qwen3.5-25m")
 TENANTS = (1, 2, 4, 8)
@@ -274,14 +276,20 @@ def main(argv: list[str] | None = None) -> int:
         "--models", nargs="*", default=None, help="model ids to run instead of the defaults"
     )
     parser.add_argument("--json-out", default=None, help="also write the JSON lines to this file")
+    parser.add_argument(
+        "--keep-freed-memory",
+        action="store_true",
+        help="call twinkle.model.memory.keep_freed_memory() first (what the server's replicas do)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    kept = keep_freed_memory() if args.keep_freed_memory else False
     if args.check:
         losses = check()
         print(json.dumps({"check": "ok", "fused_losses": losses, **machine()}))
         return 0
     torch.manual_seed(0)
-    lines = [json.dumps({"meta": machine()})]
+    lines = [json.dumps({"meta": {**machine(), "keep_freed_memory": kept}})]
     print(lines[0], flush=True)
     for point in points(args.quick, args.models):
         warmup, steps = (1, 3) if args.quick else (args.warmup, args.steps)

@@ -88,3 +88,37 @@ def test_an_in_process_sampler_is_built_on_the_thread_that_samples(monkeypatch, 
     service = sampler_deployment.build_sampler_service(app, build_context(config))
     runs_on = service._executor.submit(threading.current_thread).result()
     assert built_on == [runs_on] and runs_on is not threading.current_thread()
+
+
+@pytest.mark.parametrize(
+    ("backend", "keeps"), [("transformers", True), ("megatron", True), ("mock", False)]
+)
+def test_a_torch_model_replica_keeps_freed_memory(monkeypatch, tmp_path, backend, keeps):
+    """The server owns its replica processes: torch backends turn on glibc's memory reuse
+    (``tests/model/test_memory.py`` checks what the setting does); the mock backend does not."""
+    calls: list[bool] = []
+    monkeypatch.setattr(deployment, "keep_freed_memory", lambda: calls.append(True) or True)
+    real = deployment.create_backend
+    monkeypatch.setattr(
+        deployment, "create_backend", lambda _b, model_id, **_: real("mock", model_id)
+    )
+    config, app = served_config(tmp_path, "model", backend=backend, cpu_threads=1)
+    service = deployment.build_service(app, build_context(config))
+    service.scheduler.close()
+    assert calls == ([True] if keeps else [])
+
+
+@pytest.mark.parametrize(("sampler_type", "keeps"), [("torch", True), ("mock", False)])
+def test_a_torch_sampler_replica_keeps_freed_memory(monkeypatch, tmp_path, sampler_type, keeps):
+    from twinkle.server.sampler import deployment as sampler_deployment
+
+    calls: list[bool] = []
+    monkeypatch.setattr(sampler_deployment, "keep_freed_memory", lambda: calls.append(True) or True)
+    _, mock_app = served_config(tmp_path, "sampler", sampler_type="mock")
+    real = sampler_deployment.create_sampler
+    monkeypatch.setattr(
+        sampler_deployment, "create_sampler", lambda _app, root: real(mock_app, root)
+    )
+    config, app = served_config(tmp_path, "sampler", sampler_type=sampler_type)
+    sampler_deployment.build_sampler_service(app, build_context(config))
+    assert calls == ([True] if keeps else [])

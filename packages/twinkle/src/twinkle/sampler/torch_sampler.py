@@ -10,7 +10,6 @@ from typing import Any
 import torch
 
 from twinkle.model.lora import LoraRouter, RowRoute
-from twinkle.model.memory import keep_freed_memory
 from twinkle.sampler._adapter_pool import AdapterPool
 from twinkle.sampler._decoding import choose_tokens, row_seeds
 from twinkle.sampler._generation import DecodeBatch
@@ -49,8 +48,6 @@ class TorchSampler(Sampler):
         super().__init__(model_id)
         self.model_dir = Path(resolve_model_dir(model_id))
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        if self.device.type == "cpu":
-            keep_freed_memory()  # reuse freed blocks step to step (twinkle/model/memory.py)
         dtype = torch_dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         trust = os.environ.get("TWINKLE_TRUST_REMOTE_CODE", "0") == "1"
         self.model = AutoModelForCausalLM.from_pretrained(

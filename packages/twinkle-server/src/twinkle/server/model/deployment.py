@@ -7,6 +7,7 @@ from typing import Any
 
 from ray import serve
 
+from twinkle.model.memory import keep_freed_memory
 from twinkle.server.config import ApplicationConfig, ServerConfig, base_model_name
 from twinkle.server.context import build_context
 from twinkle.server.model.app import create_model_app
@@ -36,6 +37,8 @@ def build_service(app_config: ApplicationConfig, context) -> ModelService:
             device_type=mesh.device_type,
             worker_options=_worker_options(app_config),
         )
+    if args.backend != "mock":
+        keep_freed_memory()  # the server owns this process: reuse freed blocks step to step
     model, executor = build_on_model_thread(
         lambda: create_backend(args.backend, args.model_id, **kwargs),
         cpu_threads(app_config) if args.backend != "mock" else None,

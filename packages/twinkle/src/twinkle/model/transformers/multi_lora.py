@@ -19,7 +19,6 @@ from twinkle.model.lora import (
     remove_adapter,
     resolve_target_modules,
 )
-from twinkle.model.memory import keep_freed_memory
 from twinkle.model.metrics import Metric
 from twinkle.model.optim import build_optimizer, build_scheduler, check_scheduler_name
 from twinkle.model.tenant import Tenant, TrainConfigs
@@ -61,8 +60,6 @@ class MultiLoraTransformersModel:
         self.model_id = model_id
         self.model_dir = resolve_model_dir(model_id)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        if self.device.type == "cpu":
-            keep_freed_memory()  # reuse freed blocks step to step (twinkle/model/memory.py)
         dtype = torch_dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         trust = os.environ.get("TWINKLE_TRUST_REMOTE_CODE", "0") == "1"
         self.model = AutoModelForCausalLM.from_pretrained(
