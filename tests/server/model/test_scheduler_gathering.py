@@ -112,3 +112,28 @@ def test_no_gathering_when_disabled_or_when_nobody_is_expected():
 
     assert asyncio.run(main()) < 0.5 * 0.5
     assert recorder.passes() == [("a",)]
+
+
+def test_a_removed_tenant_leaves_nothing_behind():
+    """Long-running servers see many tenants come and go: no per-tenant entry may outlive them."""
+    recorder = Recorder()
+
+    async def main() -> FairScheduler:
+        scheduler = FairScheduler(recorder.single, recorder.fused, fuse_wait_s=0.02)
+        try:
+            await asyncio.gather(
+                tenant_loop(scheduler, "a", 3, 0.0), tenant_loop(scheduler, "b", 3, 0.0)
+            )
+            assert set(scheduler._think_s) == {"a", "b"}  # learned while they trained
+            assert scheduler._queues == {}  # emptied queues are dropped
+            await scheduler.submit("a", "remove_adapter", {})
+            assert set(scheduler._think_s) == set(scheduler._last_done) == {"b"}
+            # "b" still trains normally, and a later call of "a" starts from scratch.
+            await tenant_loop(scheduler, "b", 1, 0.0)
+            assert await scheduler.submit("a", "forward_backward", {}) == "a"
+        finally:
+            scheduler.close()
+        return scheduler
+
+    asyncio.run(main())
+    assert recorder.passes()[-1] == ("a",)

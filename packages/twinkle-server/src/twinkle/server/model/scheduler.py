@@ -29,6 +29,8 @@ from typing import Any
 from twinkle.server.threads import model_thread
 
 FUSABLE = ("forward_backward", "clip_grad_and_step")
+# After these the tenant is gone: the scheduler drops what it learned about its timing.
+ENDS_TENANT = ("remove_adapter",)
 
 
 @dataclass
@@ -148,9 +150,14 @@ class FairScheduler:
 
     def _take(self, batch: list[Task]) -> list[Task]:
         for task in batch:
-            self._queues[task.tenant].popleft()
-            # Round-robin: a served tenant goes to the back of the line.
-            self._queues.move_to_end(task.tenant)
+            queue = self._queues[task.tenant]
+            queue.popleft()
+            # Round-robin: a served tenant goes to the back of the line (an emptied queue is
+            # dropped; ``submit`` adds it back at the end).
+            if queue:
+                self._queues.move_to_end(task.tenant)
+            else:
+                del self._queues[task.tenant]
         return batch
 
     async def _loop(self) -> None:
@@ -206,7 +213,10 @@ class FairScheduler:
                 self._finish(task, None, exc, time.monotonic())
 
     def _finish(self, task: Task, result: Any, error: BaseException | None, started: float) -> None:
-        if not self._queues.get(task.tenant):
+        if task.kind in ENDS_TENANT:
+            self._last_done.pop(task.tenant, None)
+            self._think_s.pop(task.tenant, None)
+        elif not self._queues.get(task.tenant):
             self._last_done[task.tenant] = time.monotonic()
         loop = task.future.get_loop()
         if error is None:
