@@ -69,11 +69,12 @@ def test_env_switch_leaves_glibc_defaults():
     assert _probe(TWINKLE_MALLOC_TUNING="0") == "False True"
 
 
-def test_building_a_cpu_model_applies_it():
+def test_the_library_leaves_the_choice_to_its_user():
+    """A model built by library code does not change the process's allocator (the server's
+    replicas turn it on: ``tests/server/model/test_model_thread.py``)."""
     code = (
         "from twinkle.model import MultiLoraTransformersModel\n"
         "from twinkle.model import memory\n"
-        "assert memory._applied is None\n"
         "MultiLoraTransformersModel('tiny://qwen3.5', device='cpu')\n"
         "print(memory._applied)\n"
     )
@@ -82,4 +83,4 @@ def test_building_a_cpu_model_applies_it():
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip().splitlines()[-1] == "True"
+    assert result.stdout.strip().splitlines()[-1] == "None"

@@ -11,7 +11,9 @@ largest threshold glibc allows (32 MiB) and nothing changes (24.4k both).
 
 :func:`keep_freed_memory` raises the mmap threshold to that maximum and the trim threshold to
 1 GiB, so freed blocks are reused by the next step. The cost: the process keeps its peak heap
-instead of shrinking after a spike. The CPU models and samplers call it when they are built;
+instead of shrinking after a spike. It changes the whole process, so the library never calls it
+on its own: the server's model and sampler replicas do (the server owns those processes), and a
+training script may (``bench/multi_tenant_train.py --keep-freed-memory``).
 ``TWINKLE_MALLOC_TUNING=0`` turns it off. It is a no-op on other C libraries and platforms.
 """
 
