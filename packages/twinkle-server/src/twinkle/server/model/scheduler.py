@@ -120,7 +120,7 @@ class FairScheduler:
             if due > now:
                 expected[tenant] = (done + think, due)
             else:  # late: not waited for again until its next call
-                del self._last_done[tenant]
+                self._last_done.pop(tenant, None)  # the worker may have dropped it meanwhile
         return expected
 
     def _next_batch(self, now: float) -> tuple[list[Task], float | None]:
