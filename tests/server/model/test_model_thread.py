@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from twinkle.server import threads
 from twinkle.server.config import parse_config
 from twinkle.server.context import build_context
 from twinkle.server.model import deployment
@@ -97,7 +98,7 @@ def test_a_torch_model_replica_keeps_freed_memory(monkeypatch, tmp_path, backend
     """The server owns its replica processes: torch backends turn on glibc's memory reuse
     (``tests/model/test_memory.py`` checks what the setting does); the mock backend does not."""
     calls: list[bool] = []
-    monkeypatch.setattr(deployment, "keep_freed_memory", lambda: calls.append(True) or True)
+    monkeypatch.setattr(threads, "keep_freed_memory", lambda: calls.append(True) or True)
     real = deployment.create_backend
     monkeypatch.setattr(
         deployment, "create_backend", lambda _b, model_id, **_: real("mock", model_id)
@@ -113,7 +114,7 @@ def test_a_torch_sampler_replica_keeps_freed_memory(monkeypatch, tmp_path, sampl
     from twinkle.server.sampler import deployment as sampler_deployment
 
     calls: list[bool] = []
-    monkeypatch.setattr(sampler_deployment, "keep_freed_memory", lambda: calls.append(True) or True)
+    monkeypatch.setattr(threads, "keep_freed_memory", lambda: calls.append(True) or True)
     _, mock_app = served_config(tmp_path, "sampler", sampler_type="mock")
     real = sampler_deployment.create_sampler
     monkeypatch.setattr(

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from twinkle.model.memory import keep_freed_memory
+
 T = TypeVar("T")
 
 
@@ -36,12 +38,19 @@ def cpu_threads(app_config: Any) -> int | None:
 
 
 def build_on_model_thread(
-    build: Callable[[], T], threads: int | None
+    build: Callable[[], T], threads: int | None, keep_memory: bool = False
 ) -> tuple[T, ThreadPoolExecutor]:
     """Run ``build`` on a new :func:`model_thread` with ``threads`` torch CPU threads (``None``:
-    leave torch alone, e.g. for the mock backend); returns what it built and the thread."""
+    leave torch alone, e.g. for the mock backend); returns what it built and the thread.
+
+    ``keep_memory``: the replica process keeps the memory it frees for the next step
+    (:func:`~twinkle.model.memory.keep_freed_memory`; the server owns the process, the library
+    leaves that choice to its user).
+    """
 
     def run() -> T:
+        if keep_memory:
+            keep_freed_memory()
         if threads is not None:
             import torch
 

@@ -7,7 +7,6 @@ from typing import Any
 
 from ray import serve
 
-from twinkle.model.memory import keep_freed_memory
 from twinkle.server.config import ApplicationConfig, ServerConfig, base_model_name
 from twinkle.server.context import build_context
 from twinkle.server.model.app import create_model_app
@@ -37,11 +36,11 @@ def build_service(app_config: ApplicationConfig, context) -> ModelService:
             device_type=mesh.device_type,
             worker_options=_worker_options(app_config),
         )
-    if args.backend != "mock":
-        keep_freed_memory()  # the server owns this process: reuse freed blocks step to step
+    torch_backend = args.backend != "mock"
     model, executor = build_on_model_thread(
         lambda: create_backend(args.backend, args.model_id, **kwargs),
-        cpu_threads(app_config) if args.backend != "mock" else None,
+        cpu_threads(app_config) if torch_backend else None,
+        keep_memory=torch_backend,
     )
     gateway = context.server_args
     registry = StateRunRegistry(

@@ -11,9 +11,10 @@ Gathering: a training client sends its next call a short "think time" after it g
 its previous one. When a fusable group is smaller than it could be and some tenants are exactly in
 that gap (their last call just finished, nothing queued) and usually arrive within
 ``fuse_wait_s`` of the group's oldest call, the group waits for them, at most until each one's
-latest expected arrival (twice its usual think time, plus 2 ms) and never past that window. Heads of another kind that are ready run in the
-meantime. Without this, clients that drifted apart stay apart: half of them run ``forward_backward``
-while the other half step, and every pass is half as wide as it could be.
+latest expected arrival (twice its usual think time, plus 2 ms) and never past that window. Heads
+of another kind that are ready run in the meantime. Without this, clients that drifted apart stay
+apart: half of them run ``forward_backward`` while the other half step, and every pass is half as
+wide as it could be.
 """
 
 from __future__ import annotations

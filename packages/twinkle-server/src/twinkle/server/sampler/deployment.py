@@ -7,7 +7,6 @@ from typing import Any
 from fastapi import FastAPI, Request
 from ray import serve
 
-from twinkle.model.memory import keep_freed_memory
 from twinkle.server.config import ApplicationConfig, ServerConfig, base_model_name
 from twinkle.server.context import build_context
 from twinkle.server.model.ratelimit import RateLimiter
@@ -58,13 +57,12 @@ def create_sampler(app_config: ApplicationConfig, storage_root) -> Any:
 def build_sampler_service(app_config: ApplicationConfig, context) -> SamplerService:
     args = app_config.args
     executor = None
-    if args.sampler_type == "torch":
-        keep_freed_memory()  # as the model replica (twinkle/model/memory.py)
     if args.device_mesh is None or args.device_mesh.dp_size == 1:
         # In-process engine: built on the one thread that will run it (see ``model_thread``).
         sampler, executor = build_on_model_thread(
             lambda: create_sampler(app_config, context.storage_root.resolve()),
             cpu_threads(app_config) if args.sampler_type != "mock" else None,
+            keep_memory=args.sampler_type == "torch",
         )
     else:
         sampler = create_sampler(app_config, context.storage_root.resolve())
