@@ -10,7 +10,9 @@ autograd nodes, not their arithmetic. So:
 * on the CPU, a lone segment's small GEMMs run on one thread (``SMALL_GEMM_FLOPS``): measured on
   the 2-core development machine, a 128x64x16 ``mm`` takes ~4.9 us on one thread and ~8 us on
   two, the thread pool's fork/join costing more than the arithmetic (``bmm`` groups keep all
-  threads: they split their batch across them well).
+  threads: they split their batch across them well). The plan puts those groups first, so a
+  layer call changes the thread count at most twice, not around every group;
+* without dropout (the usual case) a group's rows are a plain view: no mask bookkeeping.
 
 Dropout is applied as each segment's multiplicative mask (``ops._dropout_masks``).
 """
@@ -21,8 +23,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-
-from twinkle.model.threads import one_thread
 
 if TYPE_CHECKING:
     from twinkle.model.lora.ops import LoraSegment
@@ -98,8 +98,26 @@ class Plan:
                     ),
                 )
             )
+        # Single-thread groups first: a layer call then switches the thread count at most twice.
+        groups.sort(key=lambda group: not group.single_thread)
         covered = sum(seg.rows for seg in segments)
         return Plan(tuple(segments), tuple(groups), covers_all=covered == rows)
+
+
+class _Threads:
+    """Switches to one intra-op thread for single-thread groups and back, only on a change."""
+
+    def __init__(self) -> None:
+        self.full = torch.get_num_threads()
+        self.single = False
+
+    def use(self, single: bool) -> None:
+        if single != self.single and self.full > 1:
+            torch.set_num_threads(1 if single else self.full)
+            self.single = single
+
+    def restore(self) -> None:
+        self.use(False)
 
 
 class SegmentedLora(torch.autograd.Function):
@@ -114,9 +132,12 @@ class SegmentedLora(torch.autograd.Function):
         alloc = x.new_empty if plan.covers_all else x.new_zeros
         out = alloc((x.shape[0], out_features))
         saved: list[torch.Tensor] = []
-        for group in plan.groups:
-            with one_thread(group.single_thread):
-                x_g = _group_input(x, group, masks)
+        masked = any(m is not None for m in masks)
+        threads = _Threads()
+        try:
+            for group in plan.groups:
+                threads.use(group.single_thread)
+                x_g = _group_input(x, group, masks) if masked else x[group.start : group.end]
                 out_g = out[group.start : group.end]
                 if group.k == 1:
                     a, b = weights[2 * group.first], weights[2 * group.first + 1]
@@ -131,7 +152,9 @@ class SegmentedLora(torch.autograd.Function):
                         hidden, b_k.transpose(1, 2), out=out_g.view(group.k, -1, out_features)
                     )
                     saved += [x_g, hidden, a_k, b_k]
-        ctx.plan, ctx.masks = plan, masks
+        finally:
+            threads.restore()
+        ctx.plan, ctx.masks, ctx.masked = plan, masks, masked
         ctx.save_for_backward(*saved, *weights)
         return out
 
@@ -148,8 +171,10 @@ class SegmentedLora(torch.autograd.Function):
             alloc = grad_out.new_empty if plan.covers_all else grad_out.new_zeros
             grad_x = alloc((grad_out.shape[0], weights[0].shape[1]))
         grads: list[torch.Tensor | None] = [None] * len(weights)
-        for group in plan.groups:
-            with one_thread(group.single_thread):
+        threads = _Threads()
+        try:
+            for group in plan.groups:
+                threads.use(group.single_thread)
                 g = grad_out[group.start : group.end]
                 grad_x_g = grad_x[group.start : group.end] if grad_x is not None else None
                 if group.k == 1:
@@ -174,8 +199,10 @@ class SegmentedLora(torch.autograd.Function):
                     if grad_x_g is not None:
                         out_k = grad_x_g.view(group.k, -1, a_k.shape[2])
                         torch.bmm(grad_hidden, a_k, out=out_k)
-                if grad_x_g is not None:
+                if grad_x_g is not None and ctx.masked:
                     _apply_masks_to_grad(grad_x_g, group, masks)
+        finally:
+            threads.restore()
         return (grad_x, None, None, *grads)
 
 
