@@ -2,8 +2,12 @@
 throughput of 1, 4 and 8 concurrent tenants through a real Ray Serve deployment vs local fused steps.
 
 Prints one JSON object per line:
-  {"bench": "server_overhead", "kind": "latency", ...local_p50_ms, remote_p50_ms, overhead_p50_ms...}
-  {"bench": "server_overhead", "kind": "throughput", "tenants": N, "server_tps", "local_fused_tps", "ratio"}
+  {"bench": "server_overhead", "kind": "latency", "path", ...local_p50_ms, remote_p50_ms, overhead_p50_ms...}
+  {"bench": "server_overhead", "kind": "throughput", "path", "tenants": N, "server_tps", "local_fused_tps", "ratio"}
+
+``path``: "direct" when the model offers its own address (``GET .../endpoint``, Ray Serve's direct
+ingress, as ``twinkle-server launch`` starts it; what ``twinkle_client`` uses), "proxy" through
+Serve's HTTP proxy (what the unmodified Tinker SDK uses). Both are measured when both exist.
 
 Throughput runs at two call shapes (``--shape ROWSxSEQ``, repeatable): 8 x 128 tokens per call,
 a small but real training micro-batch, and 2 x 64, a probe where the per-request cost dominates.
@@ -110,15 +114,18 @@ def server_config(model_id: str, port: int, storage: str) -> dict:
 
 
 def start_server(model_id: str, port: int, storage: str) -> str:
-    """Ray Serve (``twinkle-server launch``): the gateway and the model as Serve applications."""
+    """Ray Serve as ``twinkle-server launch`` starts it: the gateway and the model as Serve
+    applications, on a local Ray with the launcher's settings (``LOCAL_RAY_ENV``)."""
     import ray
 
     from twinkle.server.config import parse_config
-    from twinkle.server.launch import deploy
+    from twinkle.server.launch import LOCAL_RAY_ENV, deploy
 
     base = model_id.replace("://", "/")
     config = parse_config(server_config(model_id, port, storage))
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    for name, value in LOCAL_RAY_ENV.items():
+        os.environ.setdefault(name, value)
     ray.init(
         num_cpus=2,
         include_dashboard=False,
@@ -156,6 +163,16 @@ def start_local_server(model_id: str, port: int, storage: str):
     return f"http://127.0.0.1:{port}/api/v1/model/{base}", proc
 
 
+def direct_url(url: str, key: str) -> str | None:
+    """The model's own address (``GET .../endpoint``, as ``twinkle_client`` asks), or None."""
+    reply = httpx.get(f"{url}/endpoint", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    reply.raise_for_status()
+    base = reply.json().get("direct_url")
+    if not base:
+        return None
+    return base.rstrip("/") + "/" + url.split("/", 3)[3]  # same path on the replica's port
+
+
 def remote_client(url: str, key: str, name: str) -> httpx.Client:
     http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=300)
     r = http.post(
@@ -179,6 +196,8 @@ def remote_latency(url: str, batch: list[dict], calls: int) -> list[float]:
         if i >= 3:
             times.append(time.perf_counter() - start)
         http.post("/clip_grad_and_step", json={"adapter_name": "latency"}).raise_for_status()
+    http.post("/remove_adapter", json={"adapter_name": "latency"}).raise_for_status()
+    http.close()
     return times
 
 
@@ -277,6 +296,12 @@ def main() -> int:
 
     calls = 20 if args.quick else 60
     steps = 5 if args.quick else 15
+    # The server's torch model replicas keep freed memory in the process; the in-process
+    # baseline must run under the same allocator setting (TWINKLE_MALLOC_TUNING=0 turns it off
+    # on both sides).
+    from twinkle.model.memory import keep_freed_memory
+
+    local_kept = keep_freed_memory()
     batch = features(2, 16, 0)
     local = local_latency(args.model, batch, calls)
     storage = tempfile.mkdtemp(prefix="twinkle-bench-")
@@ -289,52 +314,51 @@ def main() -> int:
             os.environ[name] = value
         url = start_server(args.model, args.port, storage)
     try:
-        remote = remote_latency(url, batch, calls)
-        print(
-            json.dumps(
-                {
-                    "bench": "server_overhead",
-                    "kind": "latency",
-                    "mode": args.mode,
-                    "ray_env": args.ray_env,
-                    "model": args.model,
-                    "rows": 2,
-                    "seq": 16,
-                    "calls": calls,
-                    "torch_threads": torch.get_num_threads(),
-                    "local_p50_ms": round(1e3 * statistics.median(local), 2),
-                    "local_p95_ms": round(1e3 * percentile(local, 95), 2),
-                    "remote_p50_ms": round(1e3 * statistics.median(remote), 2),
-                    "remote_p95_ms": round(1e3 * percentile(remote, 95), 2),
-                    "overhead_p50_ms": round(
-                        1e3 * (statistics.median(remote) - statistics.median(local)), 2
-                    ),
-                }
-            ),
-            flush=True,
-        )
+        # What twinkle_client does: use the model's own address when the server offers one
+        # ("direct"), else the main one ("proxy"); both are measured when both exist.
+        direct = direct_url(url, KEYS[0])
+        paths = {"direct": direct, "proxy": url} if direct else {"proxy": url}
+        common = {"bench": "server_overhead", "mode": args.mode, "ray_env": args.ray_env}
+        for path, target in paths.items():
+            remote = remote_latency(target, batch, calls)
+            line = {
+                **common,
+                "kind": "latency",
+                "path": path,
+                "model": args.model,
+                "rows": 2,
+                "seq": 16,
+                "calls": calls,
+                "torch_threads": torch.get_num_threads(),
+                "local_keeps_freed_memory": local_kept,
+                "local_p50_ms": round(1e3 * statistics.median(local), 2),
+                "local_p95_ms": round(1e3 * percentile(local, 95), 2),
+                "remote_p50_ms": round(1e3 * statistics.median(remote), 2),
+                "remote_p95_ms": round(1e3 * percentile(remote, 95), 2),
+                "overhead_p50_ms": round(
+                    1e3 * (statistics.median(remote) - statistics.median(local)), 2
+                ),
+            }
+            print(json.dumps(line), flush=True)
         for rows, seq in args.shape or DEFAULT_SHAPES:
             for tenants in (1, 4, 8):
-                server = remote_tps(url, tenants, rows=rows, seq=seq, steps=steps)
                 local_fused = local_fused_tps(args.model, tenants, rows=rows, seq=seq, steps=steps)
-                print(
-                    json.dumps(
-                        {
-                            "bench": "server_overhead",
-                            "kind": "throughput",
-                            "mode": args.mode,
-                            "ray_env": args.ray_env,
-                            "model": args.model,
-                            "tenants": tenants,
-                            "rows": rows,
-                            "seq": seq,
-                            "server_tps": round(server, 1),
-                            "local_fused_tps": round(local_fused, 1),
-                            "ratio": round(server / local_fused, 3),
-                        }
-                    ),
-                    flush=True,
-                )
+                for path, target in paths.items():
+                    server = remote_tps(target, tenants, rows=rows, seq=seq, steps=steps)
+                    line = {
+                        **common,
+                        "kind": "throughput",
+                        "path": path,
+                        "model": args.model,
+                        "tenants": tenants,
+                        "rows": rows,
+                        "seq": seq,
+                        "server_tps": round(server, 1),
+                        "local_fused_tps": round(local_fused, 1),
+                        "local_keeps_freed_memory": local_kept,
+                        "ratio": round(server / local_fused, 3),
+                    }
+                    print(json.dumps(line), flush=True)
     finally:
         if proc is not None:
             proc.terminate()

@@ -21,13 +21,15 @@ def serve_url(tmp_path_factory):
     from ray import serve
 
     from twinkle.server.config import parse_config
-    from twinkle.server.launch import deploy
+    from twinkle.server.launch import LOCAL_RAY_ENV, deploy
 
     data = config_dict(sampler=True)
     data["http_options"] = {"host": "127.0.0.1", "port": free_port()}
     data["storage"] = {"root": str(tmp_path_factory.mktemp("serve-storage"))}
     config = parse_config(data)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    saved = {name: os.environ.get(name) for name in LOCAL_RAY_ENV}
+    os.environ.update(LOCAL_RAY_ENV)  # the Ray settings `twinkle-server launch` starts Ray with
     ray.init(
         num_cpus=2,
         include_dashboard=False,
@@ -41,6 +43,11 @@ def serve_url(tmp_path_factory):
     finally:
         serve.shutdown()
         ray.shutdown()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _features(seed):
@@ -99,3 +106,37 @@ def test_two_tenants_train_concurrently_and_sample_with_their_adapters(serve_url
             == 404
         )
         assert http.get("/api/v1/training_runs", headers={"X-API-Key": "nope"}).status_code == 401
+
+
+def test_a_model_serves_its_own_address_and_twinkle_client_trains_there(serve_url):
+    """Direct ingress: the model replica also answers on its own loopback port, with the same
+    routes and the same keys; twinkle_client asks for that address and sends training calls
+    there (the raw calls above went through Serve's proxy)."""
+    from twinkle_client import TwinkleClient
+    from twinkle_client.model import MultiLoraTransformersModel
+
+    with httpx.Client(base_url=serve_url, timeout=60) as http:
+        assert http.get(f"{MODEL}/endpoint").status_code == 401
+        reply = http.get(f"{MODEL}/endpoint", headers={"Authorization": f"Bearer {KEYS['bob']}"})
+    direct = reply.json()["direct_url"]
+    address = httpx.URL(direct)
+    assert address.host == "127.0.0.1" and address.port != httpx.URL(serve_url).port
+    with httpx.Client(base_url=direct, timeout=60) as http:
+        assert http.get(f"{MODEL}/healthz").status_code == 200
+        body = {"adapter_name": "x", "config": {"r": 8}}
+        assert http.post(f"{MODEL}/add_adapter_to_model", json=body).status_code == 401
+        wrong = {"Authorization": "Bearer nope"}
+        assert (
+            http.post(f"{MODEL}/add_adapter_to_model", json=body, headers=wrong).status_code == 401
+        )
+
+    with TwinkleClient(base_url=serve_url, api_key=KEYS["bob"], timeout=120) as bob:
+        model = MultiLoraTransformersModel("tiny://qwen3", client=bob)
+        model.add_adapter_to_model("direct", {"r": 8, "lora_alpha": 16})
+        model.set_optimizer("Adam", lr=2e-2)
+        losses = []
+        for _ in range(4):
+            losses.append(model.forward_backward(inputs=_features(2))["loss"])
+            model.clip_grad_and_step()
+        assert bob._routes[MODEL].base_url == direct  # the calls went to the replica's port
+    assert losses[-1] < losses[0]

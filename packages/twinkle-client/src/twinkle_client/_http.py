@@ -24,6 +24,10 @@ RETRYABLE_STATUSES = (429, 502, 503, 504)
 MAX_BACKOFF_S = 60.0
 
 
+class NotConnectedError(ServerUnavailableError):
+    """No connection could be opened: the request was not sent (safe to send elsewhere)."""
+
+
 class HttpTransport:
     """A synchronous JSON-over-HTTP connection to one Twinkle server.
 
@@ -100,7 +104,7 @@ class HttpTransport:
                     method, path, json=json, params=params, timeout=request_timeout
                 )
             except httpx.ConnectError as exc:
-                raise ServerUnavailableError(
+                raise NotConnectedError(
                     f"cannot connect to the Twinkle server at {self.base_url} ({exc}); is it "
                     "running? (set base_url= or TWINKLE_SERVER_URL)",
                     url=url,

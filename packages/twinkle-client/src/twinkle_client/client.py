@@ -17,6 +17,7 @@ from twinkle_client._http import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_TIMEOUT_S,
     HttpTransport,
+    NotConnectedError,
 )
 from twinkle_client._version import __version__
 from twinkle_client.errors import NotFoundError, TwinkleClientError
@@ -26,6 +27,7 @@ logger = logging.getLogger("twinkle_client")
 
 API_PREFIX = "/api/v1"
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
+DIRECT_CONNECT_TIMEOUT_S = 2.0  # a replica address that does not connect this fast is not used
 HEARTBEAT_INTERVAL_S = 10.0
 _SCHEMES = ("ms://", "hf://", "modelscope://", "huggingface://")
 
@@ -62,6 +64,10 @@ class TwinkleClient:
         connect_timeout: Seconds to wait for a connection before reporting the server down.
         heartbeat_interval_s: Seconds between session heartbeats; ``None`` opens no session.
         transport: An ``httpx`` transport, for tests.
+        direct: Send a model's training calls straight to its replica when the server offers an
+            address for it (``GET <model>/endpoint``; Ray Serve's direct ingress), falling back
+            to the main address if that cannot be reached. Default: on unless
+            ``TWINKLE_CLIENT_DIRECT=0`` or a custom ``transport`` is given.
     """
 
     def __init__(
@@ -73,6 +79,7 @@ class TwinkleClient:
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
         heartbeat_interval_s: float | None = HEARTBEAT_INTERVAL_S,
         transport: Any = None,
+        direct: bool | None = None,
     ) -> None:
         self.base_url = (
             base_url or os.environ.get("TWINKLE_SERVER_URL") or DEFAULT_BASE_URL
@@ -86,6 +93,12 @@ class TwinkleClient:
             max_retries=max_retries,
             transport=transport,
         )
+        if direct is None:
+            direct = transport is None and os.environ.get("TWINKLE_CLIENT_DIRECT", "1") != "0"
+        self._direct = direct
+        self._timeouts = (timeout, min(connect_timeout, DIRECT_CONNECT_TIMEOUT_S))
+        self._max_retries = max_retries
+        self._routes: dict[str, HttpTransport] = {}  # model route -> where its calls go
         self.session_id: str | None = None
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
@@ -149,6 +162,8 @@ class TwinkleClient:
                 )
             except TwinkleClientError:
                 pass  # the server expires sessions that stop heartbeating anyway
+        for transport in set(self._routes.values()) - {self.http}:
+            transport.close()
         self.http.close()
         atexit.unregister(self.close)
 
@@ -217,8 +232,55 @@ class TwinkleClient:
     processor_route = f"{API_PREFIX}/processor"
 
     def call(self, route: str, op: str, body: dict[str, Any], timeout: float | None = None) -> Any:
-        """``POST <route>/<op>`` and return the reply's ``result``."""
-        return self.http.post(f"{route}/{op}", body, timeout=timeout)["result"]
+        """``POST <route>/<op>`` and return the reply's ``result``.
+
+        A model's calls go straight to its replica when the server offers its address (see
+        ``direct``); if that address stops answering (the replica moved), the call goes to the
+        main address (nothing was sent) and the address is looked up again next time.
+        """
+        transport = self._transport(route)
+        try:
+            return transport.post(f"{route}/{op}", body, timeout=timeout)["result"]
+        except NotConnectedError:
+            if transport is self.http:
+                raise
+            self._routes.pop(route, None)
+            transport.close()
+            return self.http.post(f"{route}/{op}", body, timeout=timeout)["result"]
+
+    def _transport(self, route: str) -> HttpTransport:
+        transport = self._routes.get(route)
+        if transport is None:
+            transport = self._routes[route] = self._direct_transport(route) or self.http
+        return transport
+
+    def _direct_transport(self, route: str) -> HttpTransport | None:
+        """A connection to the replica serving ``route`` itself, if it offers one we can reach."""
+        if not self._direct or not route.startswith(f"{API_PREFIX}/model/"):
+            return None
+        try:
+            url = (self.http.get(f"{route}/endpoint", retries=0) or {}).get("direct_url")
+        except TwinkleClientError:  # an older server, or none: the main address it is
+            return None
+        if not url or url.rstrip("/") == self.base_url:
+            return None
+        timeout, connect_timeout = self._timeouts
+        direct = HttpTransport(
+            url,
+            self.api_key,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            max_retries=self._max_retries,
+        )
+        try:
+            direct.get(f"{route}/healthz", retries=0)
+        except TwinkleClientError:  # e.g. behind NAT or a firewall: keep the main address
+            direct.close()
+            logger.info("model %s offers %s, which does not answer here; using %s",
+                        route, url, self.base_url)  # fmt: skip
+            return None
+        logger.debug("model %s: calls go to %s", route, url)
+        return direct
 
 
 def init_twinkle_client(

@@ -97,6 +97,17 @@ def resolve_builder(import_path: str) -> Callable[[ApplicationConfig, ServerConf
         raise LaunchError(f"cannot load the '{import_path}' builder {target}: {error}") from error
 
 
+# Ray settings for a Ray that ``launch`` starts itself (an environment value wins; a cluster
+# started by ``ray start`` has the settings of that command's environment). Direct ingress: each
+# ingress replica also serves HTTP on its own port (bound to ``http_options.host``), so clients
+# that ask a model for its address (``GET .../endpoint``) skip Serve's proxy; without a draining
+# period, stopping the server does not wait 30 s for external load balancers.
+LOCAL_RAY_ENV = {
+    "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+    "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0",
+}
+
+
 def init_ray(namespace: str | None = None) -> None:
     """Connect to ``$RAY_ADDRESS`` or a running cluster, else start a light local Ray."""
     import ray
@@ -112,6 +123,8 @@ def init_ray(namespace: str | None = None) -> None:
         ray.init(address="auto", namespace=namespace, log_to_driver=False)
         logger.info("connected to the running Ray cluster")
     except ConnectionError:
+        for name, value in LOCAL_RAY_ENV.items():
+            os.environ.setdefault(name, value)  # inherited by every Ray process started here
         ray.init(
             include_dashboard=False,
             _node_ip_address="127.0.0.1",

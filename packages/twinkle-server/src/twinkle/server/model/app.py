@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
@@ -18,11 +20,14 @@ def create_model_app(
     service: ModelService,
     authenticate: Authenticator,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    direct_url: Callable[[], Awaitable[str | None]] | None = None,
 ) -> FastAPI:
     """A FastAPI app exposing every model operation as ``POST /<op>`` with a JSON body.
 
     The body holds the method's keyword arguments plus ``adapter_name``; the reply is the
-    method's result as JSON. ``GET /healthz`` needs no key.
+    method's result as JSON. ``GET /healthz`` needs no key. ``GET /endpoint`` tells a client
+    where this model answers without the Serve proxy: ``{"direct_url": "http://host:port"}``
+    (same paths, same keys), or ``null`` when it does not (``direct_url`` returns the address).
     """
     app = FastAPI(title=f"Twinkle model {service.base_model}")
     install_error_handlers(app)
@@ -30,6 +35,11 @@ def create_model_app(
     @app.get("/healthz")
     async def healthz() -> dict:
         return {"status": "ok", "base_model": service.base_model}
+
+    @app.get("/endpoint")
+    async def endpoint(request: Request) -> dict:
+        authenticate(request.headers)
+        return {"direct_url": await direct_url() if direct_url is not None else None}
 
     @app.get("/status")
     async def status(request: Request) -> dict:

@@ -95,6 +95,34 @@ async def sweep_forever(service: ModelService, interval_s: float) -> None:
         await service.sweep()
 
 
+async def find_direct_url(app_name: str, route_prefix: str, http_host: str) -> str | None:
+    """The address of ``app_name``'s only replica when Serve serves it directly, else ``None``.
+
+    Asks the Serve controller for the application's target group (Ray's direct ingress); with
+    direct ingress off it lists only proxies, and a deployment with several replicas has no
+    single address (a tenant's adapter lives on one of them), so both give ``None``.
+    """
+    try:
+        import ray
+        from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+        controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+        groups = await controller.get_target_groups.remote(app_name)
+    except Exception:  # noqa: BLE001 - an older Ray, or no controller: the proxy path stays
+        return None
+    for group in groups:
+        protocol = str(getattr(group.protocol, "value", group.protocol)).upper()
+        if group.app_name != app_name or group.route_prefix != route_prefix:
+            continue
+        if protocol != "HTTP" or len(group.targets) != 1:
+            continue
+        target = group.targets[0]
+        # The replica binds to the configured host; the target names the node's address.
+        host = target.ip if http_host in ("0.0.0.0", "::") else http_host
+        return f"http://[{host}]:{target.port}" if ":" in host else f"http://{host}:{target.port}"
+    return None
+
+
 @serve.ingress()
 class ModelManagement:
     """One replica: the shared base model with its LoRA pool, behind HTTP and a handle API."""
@@ -105,10 +133,14 @@ class ModelManagement:
         self.context = build_context(self.config)
         setup_telemetry(self.config.telemetry, "Model")
         self.service = build_service(self.app_config, self.context)
+        self._direct_url: str | None = None
 
     def __serve_build_asgi_app__(self):
         app = create_model_app(
-            self.service, self.context.authenticate, self.context.server_args.max_request_bytes
+            self.service,
+            self.context.authenticate,
+            self.context.server_args.max_request_bytes,
+            direct_url=self.direct_url,
         )
         timeout = self.app_config.args.adapter_config.adapter_timeout
         app.add_middleware(
@@ -116,6 +148,20 @@ class ModelManagement:
             start=lambda: sweep_forever(self.service, min(30.0, timeout / 4)),
         )
         return app
+
+    async def direct_url(self) -> str | None:
+        """This replica's own HTTP address when Serve runs with direct ingress, else ``None``.
+
+        Every HTTP request through Serve's proxy costs an actor call from the proxy to the
+        replica and calls back for the request body and the disconnect; with direct ingress
+        (``twinkle-server launch`` turns it on for the Ray it starts) the replica also serves
+        its routes on its own port, and clients that know it skip that path.
+        """
+        if self._direct_url is None:
+            self._direct_url = await find_direct_url(
+                self.app_config.name, self.app_config.route_prefix, self.config.http_options.host
+            )
+        return self._direct_url
 
     async def call(self, owner: str, op: str, payload: dict[str, Any]) -> Any:
         """Handle API for the gateway: the same operations as the HTTP routes."""
