@@ -99,6 +99,7 @@ class TwinkleClient:
         self._timeouts = (timeout, min(connect_timeout, DIRECT_CONNECT_TIMEOUT_S))
         self._max_retries = max_retries
         self._routes: dict[str, HttpTransport] = {}  # model route -> where its calls go
+        self._routes_lock = threading.Lock()
         self.session_id: str | None = None
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
@@ -251,7 +252,11 @@ class TwinkleClient:
     def _transport(self, route: str) -> HttpTransport:
         transport = self._routes.get(route)
         if transport is None:
-            transport = self._routes[route] = self._direct_transport(route) or self.http
+            with self._routes_lock:  # threads of one script share one lookup
+                transport = self._routes.get(route)
+                if transport is None:
+                    transport = self._direct_transport(route) or self.http
+                    self._routes[route] = transport
         return transport
 
     def _direct_transport(self, route: str) -> HttpTransport | None:
