@@ -115,17 +115,16 @@ def server_config(model_id: str, port: int, storage: str) -> dict:
 
 def start_server(model_id: str, port: int, storage: str) -> str:
     """Ray Serve as ``twinkle-server launch`` starts it: the gateway and the model as Serve
-    applications, on a local Ray with the launcher's settings (``LOCAL_RAY_ENV``)."""
+    applications, on a local Ray with the launcher's settings (``use_local_ray_env``)."""
     import ray
 
     from twinkle.server.config import parse_config
-    from twinkle.server.launch import LOCAL_RAY_ENV, deploy
+    from twinkle.server.launch import deploy, use_local_ray_env
 
     base = model_id.replace("://", "/")
     config = parse_config(server_config(model_id, port, storage))
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    for name, value in LOCAL_RAY_ENV.items():
-        os.environ.setdefault(name, value)
+    use_local_ray_env()
     ray.init(
         num_cpus=2,
         include_dashboard=False,
@@ -170,7 +169,7 @@ def direct_url(url: str, key: str) -> str | None:
     base = reply.json().get("direct_url")
     if not base:
         return None
-    return base.rstrip("/") + "/" + url.split("/", 3)[3]  # same path on the replica's port
+    return base.rstrip("/") + httpx.URL(url).path  # the same path on the replica's port
 
 
 def remote_client(url: str, key: str, name: str) -> httpx.Client:

@@ -108,6 +108,13 @@ LOCAL_RAY_ENV = {
 }
 
 
+def use_local_ray_env() -> None:
+    """Put ``LOCAL_RAY_ENV`` in this process's environment (values already there win); every
+    Ray process started afterwards from here inherits it."""
+    for name, value in LOCAL_RAY_ENV.items():
+        os.environ.setdefault(name, value)
+
+
 def init_ray(namespace: str | None = None) -> None:
     """Connect to ``$RAY_ADDRESS`` or a running cluster, else start a light local Ray."""
     import ray
@@ -123,8 +130,7 @@ def init_ray(namespace: str | None = None) -> None:
         ray.init(address="auto", namespace=namespace, log_to_driver=False)
         logger.info("connected to the running Ray cluster")
     except ConnectionError:
-        for name, value in LOCAL_RAY_ENV.items():
-            os.environ.setdefault(name, value)  # inherited by every Ray process started here
+        use_local_ray_env()
         ray.init(
             include_dashboard=False,
             _node_ip_address="127.0.0.1",
