@@ -158,7 +158,21 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
 
 
-def run_point(point: Point, warmup: int, steps: int) -> dict[str, Any]:
+def timed_steps(round_seconds: float, budget_seconds: float, low: int, high: int) -> int:
+    """How many timed rounds fit ``budget_seconds``, kept within ``[low, high]``.
+
+    Fast points get more samples: on a shared 2-core VM single steps vary by +-10%, and the
+    median of 15 rounds moved a ratio by +-2% between readings of the same point.
+    """
+    if round_seconds <= 0:
+        return high
+    return max(low, min(high, int(budget_seconds / round_seconds)))
+
+
+def run_point(
+    point: Point, warmup: int, steps: int | None, budget_seconds: float = 10.0
+) -> dict[str, Any]:
+    """Measure one point; ``steps=None`` picks 15-60 timed rounds to fill ``budget_seconds``."""
     model = MultiLoraTransformersModel(point.model)
     names = tenant_names(point.tenants)
     for name, rank in zip(names, point.ranks):
@@ -173,7 +187,8 @@ def run_point(point: Point, warmup: int, steps: int) -> dict[str, Any]:
         "limit": lambda: step_limit(model, concatenated),
     }
     times: dict[str, list[float]] = {m: [] for m in modes}
-    for i in range(warmup + steps):
+    i = 0
+    while steps is None or i < warmup + steps:
         # Rotate the order so no mode always runs right after another one.
         order = list(modes)[i % 3 :] + list(modes)[: i % 3]
         for mode in order:
@@ -183,6 +198,10 @@ def run_point(point: Point, warmup: int, steps: int) -> dict[str, Any]:
                 torch.cuda.synchronize()
             if i >= warmup:
                 times[mode].append(time.perf_counter() - start)
+        i += 1
+        if steps is None and i == warmup + 1:  # one timed round: now size the rest
+            round_seconds = sum(t[0] for t in times.values())
+            steps = timed_steps(round_seconds, budget_seconds, low=15, high=60)
     tokens = point.tenants * point.batch * point.seq
     tps = {m: tokens / statistics.median(t) for m, t in times.items()}
     measured, theory = measure_tenant_bytes(point.model, point.ranks)
@@ -271,7 +290,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="timed rounds per point (default: 15-60, as many as fit --point-seconds)",
+    )
+    parser.add_argument(
+        "--point-seconds",
+        type=float,
+        default=10.0,
+        help="time budget of one point's timed rounds when --steps is not given",
+    )
     parser.add_argument(
         "--models", nargs="*", default=None, help="model ids to run instead of the defaults"
     )
@@ -293,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     print(lines[0], flush=True)
     for point in points(args.quick, args.models):
         warmup, steps = (1, 3) if args.quick else (args.warmup, args.steps)
-        lines.append(json.dumps(run_point(point, warmup, steps)))
+        lines.append(json.dumps(run_point(point, warmup, steps, args.point_seconds)))
         print(lines[-1], flush=True)
     if args.json_out:
         with open(args.json_out, "w") as f:

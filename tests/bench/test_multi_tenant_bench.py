@@ -34,3 +34,20 @@ def test_quick_subset_is_tiny_model_only(bench):
     points = bench.points(quick=True)
     assert {p.model for p in points} == {"tiny://qwen3.5"}
     assert {(p.tenants, p.batch) for p in points} == {(1, 1), (1, 4), (8, 1), (8, 4)}
+
+
+def test_timed_steps_fill_the_budget_within_bounds(bench):
+    assert bench.timed_steps(0.1, 10.0, low=15, high=60) == 60
+    assert bench.timed_steps(0.3, 10.0, low=15, high=60) == 33
+    assert bench.timed_steps(2.0, 10.0, low=15, high=60) == 15
+    assert bench.timed_steps(0.0, 10.0, low=15, high=60) == 60
+
+
+def test_a_point_without_a_step_count_sizes_itself(bench):
+    point = bench.Point("tiny://qwen3.5", (16,), batch=1, seq=16)
+    result = bench.run_point(point, warmup=0, steps=None, budget_seconds=0.0)
+    assert result["steps"] == 15  # a zero budget gives the lower bound
+    assert result["fused_tps"] > 0 and result["limit_tps"] > 0 and result["sliced_tps"] > 0
+    assert result["fused_vs_limit"] == pytest.approx(
+        result["fused_tps"] / result["limit_tps"], abs=2e-3
+    )

@@ -117,29 +117,43 @@ def test_torch_dropout_draws_the_same_masks_as_the_loop():
     assert not torch.allclose(out[:2], plain_out[:2])  # the mask did something on segment 0
 
 
-def test_single_thread_groups_run_first_and_the_thread_count_is_restored(monkeypatch):
-    """Small lone GEMMs run on one CPU thread; the plan puts them first so that a layer call
-    switches the thread count at most twice, and the caller's count is back afterwards."""
+def test_a_layer_call_of_small_lone_gemms_runs_on_one_thread(monkeypatch):
+    """A call whose groups are all small lone GEMMs runs on one CPU thread; one with a larger or
+    a batched group keeps every thread for all its groups; the caller's count is back after."""
     import twinkle.model.lora.torch_kernel as kernel
     from twinkle.model.lora.ops import build_plan
 
-    layout = [(0, 2, 64, 2.0), (2, 4, 8, 2.0), (4, 6, 32, 2.0), (6, 8, 16, 2.0)]
+    small = [(0, 2, 8, 2.0), (2, 4, 16, 2.0)]
+    mixed = [(0, 2, 64, 2.0), (2, 4, 8, 2.0), (4, 6, 32, 2.0), (6, 8, 16, 2.0)]
+    batched = [(0, 2, 8, 2.0), (2, 4, 8, 2.0)]
     shape = (8, 5, IN)
     # 10 tokens per segment x rank x 40 columns: ranks 8 and 16 are "small", 32 and 64 are not.
     monkeypatch.setattr(kernel, "SMALL_GEMM_FLOPS", 10 * 16 * OUT)
     x = torch.randn(*shape, dtype=torch.float64)
-    plan = build_plan(_segments(layout), x)
-    assert [group.single_thread for group in plan.groups] == [True, True, False, False]
-    assert [plan.segments[group.first].lora_A.shape[0] for group in plan.groups] == [8, 16, 64, 32]
+    assert build_plan(_segments(small), x).single_thread
+    assert not build_plan(_segments(mixed), x).single_thread
+    assert not build_plan(_segments(batched), x).single_thread
+
+    seen: list[int] = []
+    real_mm = torch.mm
+
+    def recording_mm(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real_mm(*args, **kwargs)
 
     previous = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        out, grads = _run(segmented_lora_reference, layout, shape)
-        assert torch.get_num_threads() == 2
+        for layout, threads in ((small, 1), (mixed, 2)):
+            seen.clear()
+            monkeypatch.setattr(torch, "mm", recording_mm)
+            out, grads = _run(segmented_lora_reference, layout, shape)
+            monkeypatch.setattr(torch, "mm", real_mm)
+            assert seen and set(seen) == {threads}
+            assert torch.get_num_threads() == 2
+            ref_out, ref_grads = _run(_segmented_lora_loop, layout, shape)
+            torch.testing.assert_close(out, ref_out)
+            for g, ref in zip(grads, ref_grads):
+                torch.testing.assert_close(g, ref)
     finally:
         torch.set_num_threads(previous)
-    ref_out, ref_grads = _run(_segmented_lora_loop, layout, shape)
-    torch.testing.assert_close(out, ref_out)
-    for g, ref in zip(grads, ref_grads):
-        torch.testing.assert_close(g, ref)

@@ -4,7 +4,8 @@ Stepping N tenants one after another costs N gradient-norm reductions, N clippin
 N Adam kernels, each with its Python and dispatch overhead; with many small adapters that overhead
 rivals the arithmetic. Here the whole set is handled with a few multi-tensor kernels over all the
 tenants' tensors: one norm kernel, one clip multiply, and one fused Adam kernel per distinct set of
-hyper-parameters.
+hyper-parameters. A tenant whose adapter lives in flat buffers (:mod:`twinkle.model.flat`) enters
+those kernels as ONE tensor (its whole gradient, weights and Adam moments) instead of one per weight.
 
 Nothing is shared but the arithmetic: every tenant keeps its own optimizer object and state (so
 checkpoints and ``state_dict`` are unchanged), its own clipping coefficient and its own step count.
@@ -16,9 +17,13 @@ several parameter groups, step hooks, non-fused Adam) take their own ``step()``.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 import torch
 from torch.optim.adam import adam as adam_functional
+
+if TYPE_CHECKING:
+    from twinkle.model.flat import FlatAdapter
 
 _BATCHABLE = (torch.optim.Adam, torch.optim.AdamW)
 
@@ -85,37 +90,57 @@ def _global_hooks() -> bool:
     )
 
 
-def optimizer_steps(optimizers: list[torch.optim.Optimizer]) -> int:
+def optimizer_steps(
+    optimizers: list[torch.optim.Optimizer],
+    flats: list[FlatAdapter | None] | None = None,
+) -> int:
     """``step()`` every optimizer; batchable Adam/AdamW ones share fused kernels.
 
+    Args:
+        optimizers: One per tenant.
+        flats: Each tenant's :class:`~twinkle.model.flat.FlatAdapter` (or None): a tenant whose
+            weights, gradients and Adam state are flat-backed enters the shared kernel as one
+            tensor instead of one per weight (and does so even when it steps alone).
+
     Returns:
-        The number of fused kernel launches used for the batched ones (for tests and metrics).
+        The number of fused kernel launches shared by several optimizers (for tests and metrics).
     """
-    groups: dict[tuple, list[torch.optim.Optimizer]] = defaultdict(list)
+    groups: dict[tuple, list[tuple[torch.optim.Optimizer, FlatAdapter | None]]] = defaultdict(list)
     hooked = _global_hooks()  # global step hooks must see every optimizer's own step()
-    for optimizer in optimizers:
+    for optimizer, flat in zip(optimizers, flats or [None] * len(optimizers)):
         key = None if hooked else _batch_key(optimizer)
         if key is None:
             optimizer.step()
         else:
-            groups[key].append(optimizer)
+            groups[key].append((optimizer, flat))
     for key, members in groups.items():
-        if len(members) == 1:
-            members[0].step()
+        if len(members) == 1 and members[0][1] is None:
+            members[0][0].step()
             continue
         _fused_adam_step(key, members)
     return sum(1 for members in groups.values() if len(members) > 1)
 
 
 @torch.no_grad()
-def _fused_adam_step(key: tuple, optimizers: list[torch.optim.Optimizer]) -> None:
+def _fused_adam_step(
+    key: tuple, members: list[tuple[torch.optim.Optimizer, FlatAdapter | None]]
+) -> None:
     decoupled, amsgrad, maximize, lr, beta1, beta2, weight_decay, eps = key
     lists: tuple[list[torch.Tensor], ...] = ([], [], [], [], [], [])
     has_complex = False
-    for optimizer in optimizers:
-        # The optimizer's own lazy state initialisation, so its state is exactly what its own
-        # step() would have created.
-        has_complex |= optimizer._init_group(optimizer.param_groups[0], *lists)
+    flat_members = []
+    for optimizer, flat in members:
+        buffers = flat.adam_buffers(optimizer) if flat is not None and not amsgrad else None
+        if buffers is None:
+            # The optimizer's own lazy state initialisation, so its state is exactly what its
+            # own step() would have created.
+            has_complex |= optimizer._init_group(optimizer.param_groups[0], *lists)
+        else:
+            param, grad, exp_avg, exp_avg_sq, step = buffers
+            for target, value in zip(lists, (param, grad, exp_avg, exp_avg_sq)):
+                target.append(value)
+            lists[5].append(step)
+            flat_members.append(flat)
     adam_functional(
         *lists,
         fused=True,
@@ -129,6 +154,8 @@ def _fused_adam_step(key: tuple, optimizers: list[torch.optim.Optimizer]) -> Non
         eps=eps,
         maximize=maximize,
     )
-    for optimizer in optimizers:
+    for flat in flat_members:
+        flat.sync_steps()
+    for optimizer, _ in members:
         # What the lr scheduler's step() wrapper records; keeps its order check quiet.
         optimizer._opt_called = True  # type: ignore[attr-defined]

@@ -35,6 +35,7 @@ class Tenant:
     spec: AdapterSpec | None
     params: list
     gradient_accumulation_steps: int = 1
+    flat: Any = None  # twinkle.model.flat.FlatAdapter: one buffer per kind behind ``params``
     loss: Any = None
     loss_config: dict[str, Any] | None = None
     optimizer: Any = None

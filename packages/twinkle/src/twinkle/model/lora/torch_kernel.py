@@ -7,11 +7,13 @@ autograd nodes, not their arithmetic. So:
   adapter's gradients itself (no per-segment linear/mul/split/cat nodes);
 * consecutive segments with the same rank and row count run as one ``bmm`` per stage (2 forward,
   4 backward); a lone segment uses ``mm``; ranks are never padded;
-* on the CPU, a lone segment's small GEMMs run on one thread (``SMALL_GEMM_FLOPS``): measured on
-  the 2-core development machine, a 128x64x16 ``mm`` takes ~4.9 us on one thread and ~8 us on
-  two, the thread pool's fork/join costing more than the arithmetic (``bmm`` groups keep all
-  threads: they split their batch across them well). The plan puts those groups first, so a
-  layer call changes the thread count at most twice, not around every group;
+* on the CPU, a layer call whose GEMMs are all small (lone segments, ``SMALL_GEMM_FLOPS``) runs
+  on one thread: for a single tenant's 128x64x16 ``mm`` the thread pool's fork/join costs about as
+  much as the arithmetic. A call with a larger group or a ``bmm`` group keeps every thread for
+  all its groups (switching the count between groups did not pay: on the development machine
+  two threads were as fast or faster for every GEMM of the benchmark's mixed-rank layers);
+* a lone segment's scaling rides in the GEMMs' ``alpha`` (``addmm``) instead of a multiply by a
+  Python float, which costs a scalar conversion and a kernel per call;
 * without dropout (the usual case) a group's rows are a plain view: no mask bookkeeping.
 
 Dropout is applied as each segment's multiplicative mask (``ops._dropout_masks``).
@@ -23,6 +25,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+
+from twinkle.model.threads import one_thread
 
 if TYPE_CHECKING:
     from twinkle.model.lora.ops import LoraSegment
@@ -42,7 +46,6 @@ class Group:
     end: int
     scalings: tuple[float, ...]
     scaling: torch.Tensor | None = None  # [k, 1, 1] for k > 1
-    single_thread: bool = False  # a small mm on the CPU: run it on one thread
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,7 @@ class Plan:
     segments: tuple[LoraSegment, ...]  # the non-empty ones, in order
     groups: tuple[Group, ...]
     covers_all: bool  # no token outside every segment: outputs need no zero fill
+    single_thread: bool = False  # every group a small lone mm on the CPU: run on one thread
 
     @staticmethod
     def build(
@@ -73,6 +77,7 @@ class Plan:
             else:
                 runs.append([i])
         groups = []
+        small = device.type == "cpu"
         for run in runs:
             first = segments[run[0]]
             scalings = tuple(segments[i].scaling for i in run)
@@ -80,6 +85,8 @@ class Plan:
             gemm = (
                 tokens * first.lora_A.shape[0] * max(first.lora_A.shape[1], first.lora_B.shape[0])
             )
+            # bmm spreads its batch over the threads well; a lone small mm does not.
+            small = small and len(run) == 1 and gemm <= SMALL_GEMM_FLOPS
             groups.append(
                 Group(
                     first=run[0],
@@ -92,32 +99,10 @@ class Plan:
                         if len(run) > 1
                         else None
                     ),
-                    # bmm spreads its batch over the threads well; a lone small mm does not.
-                    single_thread=(
-                        device.type == "cpu" and len(run) == 1 and gemm <= SMALL_GEMM_FLOPS
-                    ),
                 )
             )
-        # Single-thread groups first: a layer call then switches the thread count at most twice.
-        groups.sort(key=lambda group: not group.single_thread)
         covered = sum(seg.rows for seg in segments)
-        return Plan(tuple(segments), tuple(groups), covers_all=covered == rows)
-
-
-class _Threads:
-    """Switches to one intra-op thread for single-thread groups and back, only on a change."""
-
-    def __init__(self) -> None:
-        self.full = torch.get_num_threads()
-        self.single = False
-
-    def use(self, single: bool) -> None:
-        if single != self.single and self.full > 1:
-            torch.set_num_threads(1 if single else self.full)
-            self.single = single
-
-    def restore(self) -> None:
-        self.use(False)
+        return Plan(tuple(segments), tuple(groups), covers_all=covered == rows, single_thread=small)
 
 
 class SegmentedLora(torch.autograd.Function):
@@ -133,16 +118,16 @@ class SegmentedLora(torch.autograd.Function):
         out = alloc((x.shape[0], out_features))
         saved: list[torch.Tensor] = []
         masked = any(m is not None for m in masks)
-        threads = _Threads()
-        try:
+        with one_thread(plan.single_thread):
             for group in plan.groups:
-                threads.use(group.single_thread)
                 x_g = _group_input(x, group, masks) if masked else x[group.start : group.end]
                 out_g = out[group.start : group.end]
                 if group.k == 1:
+                    # The scaling rides in the GEMM's alpha: a separate multiply by a Python
+                    # float costs a scalar-tensor conversion and a kernel (~3 us each).
                     a, b = weights[2 * group.first], weights[2 * group.first + 1]
-                    hidden = torch.mm(x_g, a.t()).mul_(group.scalings[0])
-                    torch.mm(hidden, b.t(), out=out_g)
+                    hidden = torch.mm(x_g, a.t())  # unscaled
+                    torch.addmm(out_g, hidden, b.t(), beta=0, alpha=group.scalings[0], out=out_g)
                     saved += [x_g, hidden]
                 else:
                     a_k, b_k = _stacked(weights, group)
@@ -152,8 +137,6 @@ class SegmentedLora(torch.autograd.Function):
                         hidden, b_k.transpose(1, 2), out=out_g.view(group.k, -1, out_features)
                     )
                     saved += [x_g, hidden, a_k, b_k]
-        finally:
-            threads.restore()
         ctx.plan, ctx.masks, ctx.masked = plan, masks, masked
         ctx.save_for_backward(*saved, *weights)
         return out
@@ -171,21 +154,22 @@ class SegmentedLora(torch.autograd.Function):
             alloc = grad_out.new_empty if plan.covers_all else grad_out.new_zeros
             grad_x = alloc((grad_out.shape[0], weights[0].shape[1]))
         grads: list[torch.Tensor | None] = [None] * len(weights)
-        threads = _Threads()
-        try:
+        zero = grad_out.new_zeros(())
+        with one_thread(plan.single_thread):
             for group in plan.groups:
-                threads.use(group.single_thread)
                 g = grad_out[group.start : group.end]
                 grad_x_g = grad_x[group.start : group.end] if grad_x is not None else None
                 if group.k == 1:
-                    x_g, hidden = next(saved), next(saved)
+                    x_g, hidden = next(saved), next(saved)  # hidden is unscaled
                     i = 2 * group.first
                     a, b = weights[i], weights[i + 1]
-                    grads[i + 1] = torch.mm(g.t(), hidden)  # [out, r]
-                    grad_hidden = torch.mm(g, b).mul_(group.scalings[0])  # [n, r]
-                    grads[i] = torch.mm(grad_hidden.t(), x_g)  # [r, in]
+                    s = group.scalings[0]
+                    # beta=0: the 0-dim ``zero`` only gives addmm an input to ignore.
+                    grads[i + 1] = torch.addmm(zero, g.t(), hidden, beta=0, alpha=s)  # [out, r]
+                    grad_hidden = torch.mm(g, b)  # [n, r], unscaled
+                    grads[i] = torch.addmm(zero, grad_hidden.t(), x_g, beta=0, alpha=s)  # [r, in]
                     if grad_x_g is not None:
-                        torch.mm(grad_hidden, a, out=grad_x_g)
+                        torch.addmm(grad_x_g, grad_hidden, a, beta=0, alpha=s, out=grad_x_g)
                 else:
                     x_g, hidden, a_k, b_k = next(saved), next(saved), next(saved), next(saved)
                     g_k = g.view(group.k, -1, g.shape[1])
@@ -201,8 +185,6 @@ class SegmentedLora(torch.autograd.Function):
                         torch.bmm(grad_hidden, a_k, out=out_k)
                 if grad_x_g is not None and ctx.masked:
                     _apply_masks_to_grad(grad_x_g, group, masks)
-        finally:
-            threads.restore()
         return (grad_x, None, None, *grads)
 
 

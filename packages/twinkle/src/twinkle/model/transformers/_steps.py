@@ -256,10 +256,18 @@ def fused_forward_backward(model, requests: dict[str, dict[str, Any]]) -> dict[s
         compute_loss(model, tenant, state, state.loss_kwargs)
         scaled = state.loss_output.loss / tenant.gradient_accumulation_steps
         total = scaled if total is None else total + scaled
+    attach_grads([model.tenants[state.tenant] for state in states])
     total.backward()
     for state in states:
         record_train_metrics(model.tenants[state.tenant], state)
     return {state.tenant: public_output(state) for state in states}
+
+
+def attach_grads(tenants: list[Tenant]) -> None:
+    """Before a backward: gradients accumulate into each tenant's flat buffer (``flat.py``)."""
+    for tenant in tenants:
+        if tenant.flat is not None:
+            tenant.flat.attach_grads()
 
 
 def record_metrics(accumulator: MetricAccumulator, state: ForwardState) -> None:

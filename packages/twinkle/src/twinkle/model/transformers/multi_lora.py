@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from twinkle.model.flat import FlatAdapter
 from twinkle.model.lora import (
     LoraRouter,
     RowRoute,
@@ -107,8 +108,10 @@ class MultiLoraTransformersModel:
             params=adapter_parameters(self.model, adapter_name),
             gradient_accumulation_steps=gradient_accumulation_steps,
         )
-        for param in self.tenants[adapter_name].params:
+        tenant = self.tenants[adapter_name]
+        for param in tenant.params:
             param.requires_grad_(True)
+        tenant.flat = FlatAdapter.build(tenant.params)
         self.set_loss("CrossEntropyLoss", adapter_name=adapter_name)
 
     def remove_adapter(self, adapter_name: str | None = None) -> None:
@@ -245,6 +248,7 @@ class MultiLoraTransformersModel:
             raise RuntimeError(
                 f"adapter {tenant.name!r}: call forward and calculate_loss before backward"
             )
+        _steps.attach_grads([tenant])
         (state.loss_output.loss / tenant.gradient_accumulation_steps).backward()
         _steps.record_train_metrics(tenant, state)
         tenant.last_forward = None
@@ -295,15 +299,18 @@ class MultiLoraTransformersModel:
 
     def clip_grad_norm(self, max_grad_norm: float = 1.0, adapter_name: str | None = None) -> float:
         """Clip the tenant's gradient norm; returns the norm before clipping."""
+        from twinkle.model import multi_step
+
         tenant = self._tenant(adapter_name)
-        grads = [p for p in tenant.params if p.grad is not None]
-        if not grads:
+        grads = _grads(tenant)
+        if not tenant.pending_grads or not grads:
             raise RuntimeError(
                 f"adapter {tenant.name!r} has no gradients: call forward_backward first"
             )
-        norm = torch.nn.utils.clip_grad_norm_(grads, max_grad_norm)
-        tenant.last_grad_norm = float(norm)
-        return tenant.last_grad_norm
+        with one_thread(small_on_cpu(grads)):
+            (norm,) = multi_step.clip_grad_norms([grads], max_grad_norm)
+        tenant.last_grad_norm = norm
+        return norm
 
     def step(self, adapter_name: str | None = None) -> None:
         """One optimizer step for the tenant (Adam with lr 1e-4 if none was set)."""
@@ -318,9 +325,11 @@ class MultiLoraTransformersModel:
         tenant.cur_step += 1
 
     def zero_grad(self, adapter_name: str | None = None) -> None:
+        """Discard the tenant's gradients (zeroed in place when they live in its flat buffer)."""
         tenant = self._tenant(adapter_name)
-        for param in tenant.params:
-            param.grad = None
+        if tenant.flat is None or not tenant.flat.zero_grad():
+            for param in tenant.params:
+                param.grad = None
         tenant.pending_grads = False
 
     def lr_step(self, adapter_name: str | None = None) -> None:
@@ -354,7 +363,7 @@ class MultiLoraTransformersModel:
         if len({t.name for t in tenants}) != len(tenants):
             raise ValueError(f"adapter names repeat in {list(adapter_names)!r}")
         for tenant in tenants:
-            if not tenant.pending_grads or all(p.grad is None for p in tenant.params):
+            if not tenant.pending_grads or not _grads(tenant):
                 raise RuntimeError(
                     f"adapter {tenant.name!r} has no gradients: call forward_backward before step"
                 )
@@ -366,10 +375,10 @@ class MultiLoraTransformersModel:
         for tenant in stepping:
             if tenant.optimizer is None:
                 self.set_optimizer("Adam", adapter_name=tenant.name, lr=1e-4)
-        grads = [[p.grad for p in t.params if p.grad is not None] for t in stepping]
+        grads = [_grads(t) for t in stepping]
         with one_thread(small_on_cpu([g for tenant_grads in grads for g in tenant_grads])):
             norms = multi_step.clip_grad_norms(grads, max_grad_norm)
-            multi_step.optimizer_steps([t.optimizer for t in stepping])
+            multi_step.optimizer_steps([t.optimizer for t in stepping], [t.flat for t in stepping])
         for tenant, norm in zip(stepping, norms):
             tenant.last_grad_norm = norm
             tenant.cur_step += 1
@@ -447,3 +456,10 @@ class MultiLoraTransformersModel:
 
 
 __all__ = ["MultiLoraTransformersModel", "split_inputs"]
+
+
+def _grads(tenant: Tenant) -> list[torch.Tensor]:
+    """The tenant's gradient tensors: its flat buffer when every ``.grad`` is a view of it."""
+    if tenant.flat is not None and tenant.flat.owns_grads():
+        return [tenant.flat.grad]
+    return [p.grad for p in tenant.params if p.grad is not None]
