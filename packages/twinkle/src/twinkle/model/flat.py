@@ -117,16 +117,17 @@ class FlatAdapter:
 
     # ------------------------------------------------------------------------------ Adam state
     def adam_buffers(
-        self, optimizer: torch.optim.Optimizer
+        self, optimizer: torch.optim.Optimizer, grads_checked: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """``(param, grad, exp_avg, exp_avg_sq, step)`` for one fused Adam call over the whole
         adapter, or None when this tenant must step tensor by tensor.
 
         ``step`` is a view of the first parameter's step count; after the kernel has advanced it,
         call :meth:`sync_steps`. The caller has checked that ``optimizer`` is a fused Adam/AdamW
-        with one parameter group and no amsgrad.
+        with one parameter group and no amsgrad, and, with ``grads_checked``, that
+        :meth:`owns_grads` holds.
         """
-        if not self.owns_grads() or not self.intact():
+        if not (grads_checked or self.owns_grads()) or not self.intact():
             return None
         group_params = optimizer.param_groups[0]["params"]
         if len(group_params) != len(self.params) or any(

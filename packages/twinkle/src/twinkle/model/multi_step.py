@@ -98,9 +98,10 @@ def optimizer_steps(
 
     Args:
         optimizers: One per tenant.
-        flats: Each tenant's :class:`~twinkle.model.flat.FlatAdapter` (or None): a tenant whose
-            weights, gradients and Adam state are flat-backed enters the shared kernel as one
-            tensor instead of one per weight (and does so even when it steps alone).
+        flats: Each tenant's :class:`~twinkle.model.flat.FlatAdapter`, given only where the
+            caller has checked that every weight's ``.grad`` is a view of its buffer (else None):
+            such a tenant enters the shared kernel as one tensor instead of one per weight (and
+            does so even when it steps alone).
 
     Returns:
         The number of fused kernel launches shared by several optimizers (for tests and metrics).
@@ -130,7 +131,11 @@ def _fused_adam_step(
     has_complex = False
     flat_members = []
     for optimizer, flat in members:
-        buffers = flat.adam_buffers(optimizer) if flat is not None and not amsgrad else None
+        buffers = (
+            flat.adam_buffers(optimizer, grads_checked=True)
+            if flat is not None and not amsgrad
+            else None
+        )
         if buffers is None:
             # The optimizer's own lazy state initialisation, so its state is exactly what its
             # own step() would have created.

@@ -362,8 +362,10 @@ class MultiLoraTransformersModel:
         tenants = [self._tenant(name) for name in adapter_names]
         if len({t.name for t in tenants}) != len(tenants):
             raise ValueError(f"adapter names repeat in {list(adapter_names)!r}")
+        grads_of: dict[str, list[torch.Tensor]] = {}
         for tenant in tenants:
-            if not tenant.pending_grads or not _grads(tenant):
+            grads_of[tenant.name] = _grads(tenant)  # checks the flat buffer's views once
+            if not tenant.pending_grads or not grads_of[tenant.name]:
                 raise RuntimeError(
                     f"adapter {tenant.name!r} has no gradients: call forward_backward before step"
                 )
@@ -375,14 +377,20 @@ class MultiLoraTransformersModel:
         for tenant in stepping:
             if tenant.optimizer is None:
                 self.set_optimizer("Adam", adapter_name=tenant.name, lr=1e-4)
-        grads = [_grads(t) for t in stepping]
+        grads = [grads_of[t.name] for t in stepping]
+        # A tenant whose gradients are its flat buffer's views steps with the flat buffers.
+        flats = [t.flat if _is_flat(t, grads_of[t.name]) else None for t in stepping]
         with one_thread(small_on_cpu([g for tenant_grads in grads for g in tenant_grads])):
             norms = multi_step.clip_grad_norms(grads, max_grad_norm)
-            multi_step.optimizer_steps([t.optimizer for t in stepping], [t.flat for t in stepping])
-        for tenant, norm in zip(stepping, norms):
+            multi_step.optimizer_steps([t.optimizer for t in stepping], flats)
+        for tenant, norm, flat in zip(stepping, norms, flats):
             tenant.last_grad_norm = norm
             tenant.cur_step += 1
-            self.zero_grad(adapter_name=tenant.name)
+            if flat is not None:
+                flat.grad.zero_()  # its views are the .grad of every weight (checked above)
+                tenant.pending_grads = False
+            else:
+                self.zero_grad(adapter_name=tenant.name)
             self.lr_step(adapter_name=tenant.name)
         stepped = {t.name for t in stepping}
         return {t.name: t.name in stepped for t in tenants}
@@ -456,6 +464,11 @@ class MultiLoraTransformersModel:
 
 
 __all__ = ["MultiLoraTransformersModel", "split_inputs"]
+
+
+def _is_flat(tenant: Tenant, grads: list[torch.Tensor]) -> bool:
+    """Whether ``grads`` (from :func:`_grads`) is the tenant's flat gradient buffer."""
+    return tenant.flat is not None and len(grads) == 1 and grads[0] is tenant.flat.grad
 
 
 def _grads(tenant: Tenant) -> list[torch.Tensor]:
