@@ -57,6 +57,7 @@ class FlatAdapter:
         self.exp_avg: torch.Tensor | None = None
         self.exp_avg_sq: torch.Tensor | None = None
         self.steps: torch.Tensor | None = None
+        self._steps_version = -1  # steps._version when the counts were last known equal
 
     @staticmethod
     def build(params: list[torch.nn.Parameter]) -> FlatAdapter | None:
@@ -139,15 +140,22 @@ class FlatAdapter:
             return None
         steps = self.steps
         assert steps is not None and self.exp_avg is not None and self.exp_avg_sq is not None
-        if len(steps) > 1 and not bool((steps == steps[0]).all()):
-            return None  # some tensor stepped alone (it had no gradient): keep per-tensor steps
+        # The step counts change only through the optimizer. When nothing but this class touched
+        # them since they were last known equal (same version counter), skip the comparison,
+        # which on a GPU would wait for the device.
+        if steps._version != self._steps_version:
+            if len(steps) > 1 and not bool((steps == steps[0]).all()):
+                return None  # a tensor stepped alone (it had no gradient): keep per-tensor steps
+            self._steps_version = steps._version
         return self.param, self.grad, self.exp_avg, self.exp_avg_sq, steps[0]  # type: ignore[return-value]
 
     def sync_steps(self) -> None:
         """Copy the first step count (advanced by the fused kernel) to every parameter's."""
         steps = self.steps
-        if steps is not None and len(steps) > 1:
-            steps[1:].fill_(steps[0])
+        if steps is not None:
+            if len(steps) > 1:
+                steps[1:].fill_(steps[0])
+            self._steps_version = steps._version
 
     def _adopt_state(self, optimizer: torch.optim.Optimizer) -> bool:
         """Move the optimizer's per-parameter Adam state into flat buffers (zeros if it has none)."""
