@@ -39,10 +39,9 @@ class FlatAdapter:
         first = params[0]
         self.params = params
         self.shapes = [p.shape for p in params]
-        self.numels = [p.numel() for p in params]
         self.offsets = [0]
-        for n in self.numels:
-            self.offsets.append(self.offsets[-1] + n)
+        for p in params:
+            self.offsets.append(self.offsets[-1] + p.numel())
         self.param = torch.empty(self.offsets[-1], dtype=first.dtype, device=first.device)
         with torch.no_grad():
             for p, view in zip(params, self.views(self.param)):

@@ -326,11 +326,7 @@ class MultiLoraTransformersModel:
 
     def zero_grad(self, adapter_name: str | None = None) -> None:
         """Discard the tenant's gradients (zeroed in place when they live in its flat buffer)."""
-        tenant = self._tenant(adapter_name)
-        if tenant.flat is None or not tenant.flat.zero_grad():
-            for param in tenant.params:
-                param.grad = None
-        tenant.pending_grads = False
+        _discard_grads(self._tenant(adapter_name))
 
     def lr_step(self, adapter_name: str | None = None) -> None:
         tenant = self._tenant(adapter_name)
@@ -386,11 +382,7 @@ class MultiLoraTransformersModel:
         for tenant, norm, flat in zip(stepping, norms, flats):
             tenant.last_grad_norm = norm
             tenant.cur_step += 1
-            if flat is not None:
-                flat.grad.zero_()  # its views are the .grad of every weight (checked above)
-                tenant.pending_grads = False
-            else:
-                self.zero_grad(adapter_name=tenant.name)
+            _discard_grads(tenant, flat)
             self.lr_step(adapter_name=tenant.name)
         stepped = {t.name for t in stepping}
         return {t.name: t.name in stepped for t in tenants}
@@ -464,6 +456,17 @@ class MultiLoraTransformersModel:
 
 
 __all__ = ["MultiLoraTransformersModel", "split_inputs"]
+
+
+def _discard_grads(tenant: Tenant, checked_flat: FlatAdapter | None = None) -> None:
+    """``zero_grad``: zero the flat buffer in place when every ``.grad`` is its view (known
+    already when ``checked_flat`` is given), else drop the gradients."""
+    if checked_flat is not None:
+        checked_flat.grad.zero_()
+    elif tenant.flat is None or not tenant.flat.zero_grad():
+        for param in tenant.params:
+            param.grad = None
+    tenant.pending_grads = False
 
 
 def _is_flat(tenant: Tenant, grads: list[torch.Tensor]) -> bool:
