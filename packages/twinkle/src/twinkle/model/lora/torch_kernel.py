@@ -7,11 +7,9 @@ autograd nodes, not their arithmetic. So:
   adapter's gradients itself (no per-segment linear/mul/split/cat nodes);
 * consecutive segments with the same rank and row count run as one ``bmm`` per stage (2 forward,
   4 backward); a lone segment uses ``mm``; ranks are never padded;
-* on the CPU, a layer call whose GEMMs are all small (lone segments, ``SMALL_GEMM_FLOPS``) runs
-  on one thread: for a single tenant's 128x64x16 ``mm`` the thread pool's fork/join costs about as
-  much as the arithmetic. A call with a larger group or a ``bmm`` group keeps every thread for
-  all its groups (switching the count between groups did not pay: on the development machine
-  two threads were as fast or faster for every GEMM of the benchmark's mixed-rank layers);
+* every GEMM keeps torch's thread count: dropping to one thread for a layer call of small lone
+  GEMMs (an earlier rule) made the tiny model's fused mixed-rank step 3% slower, measured in one
+  process against the same step on two threads;
 * a lone segment's scaling rides in the GEMMs' ``alpha`` (``addmm``) instead of a multiply by a
   Python float, which costs a scalar conversion and a kernel per call;
 * without dropout (the usual case) a group's rows are a plain view: no mask bookkeeping.
@@ -26,13 +24,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from twinkle.model.threads import one_thread
-
 if TYPE_CHECKING:
     from twinkle.model.lora.ops import LoraSegment
-
-# A lone segment's GEMMs (``mm``) up to this many multiply-adds run on one CPU thread.
-SMALL_GEMM_FLOPS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -53,7 +46,6 @@ class Plan:
     segments: tuple[LoraSegment, ...]  # the non-empty ones, in order
     groups: tuple[Group, ...]
     covers_all: bool  # no token outside every segment: outputs need no zero fill
-    single_thread: bool = False  # every group a small lone mm on the CPU: run on one thread
 
     @staticmethod
     def build(
@@ -77,16 +69,9 @@ class Plan:
             else:
                 runs.append([i])
         groups = []
-        small = device.type == "cpu"
         for run in runs:
             first = segments[run[0]]
             scalings = tuple(segments[i].scaling for i in run)
-            tokens = first.rows * tokens_per_row
-            gemm = (
-                tokens * first.lora_A.shape[0] * max(first.lora_A.shape[1], first.lora_B.shape[0])
-            )
-            # bmm spreads its batch over the threads well; a lone small mm does not.
-            small = small and len(run) == 1 and gemm <= SMALL_GEMM_FLOPS
             groups.append(
                 Group(
                     first=run[0],
@@ -102,7 +87,7 @@ class Plan:
                 )
             )
         covered = sum(seg.rows for seg in segments)
-        return Plan(tuple(segments), tuple(groups), covers_all=covered == rows, single_thread=small)
+        return Plan(tuple(segments), tuple(groups), covers_all=covered == rows)
 
 
 class SegmentedLora(torch.autograd.Function):
@@ -118,25 +103,22 @@ class SegmentedLora(torch.autograd.Function):
         out = alloc((x.shape[0], out_features))
         saved: list[torch.Tensor] = []
         masked = any(m is not None for m in masks)
-        with one_thread(plan.single_thread):
-            for group in plan.groups:
-                x_g = _group_input(x, group, masks) if masked else x[group.start : group.end]
-                out_g = out[group.start : group.end]
-                if group.k == 1:
-                    # The scaling rides in the GEMM's alpha: a separate multiply by a Python
-                    # float costs a scalar-tensor conversion and a kernel (~3 us each).
-                    a, b = weights[2 * group.first], weights[2 * group.first + 1]
-                    hidden = torch.mm(x_g, a.t())  # unscaled
-                    torch.addmm(out_g, hidden, b.t(), beta=0, alpha=group.scalings[0], out=out_g)
-                    saved += [x_g, hidden]
-                else:
-                    a_k, b_k = _stacked(weights, group)
-                    x_k = x_g.view(group.k, -1, x.shape[1])
-                    hidden = torch.bmm(x_k, a_k.transpose(1, 2)).mul_(group.scaling)
-                    torch.bmm(
-                        hidden, b_k.transpose(1, 2), out=out_g.view(group.k, -1, out_features)
-                    )
-                    saved += [x_g, hidden, a_k, b_k]
+        for group in plan.groups:
+            x_g = _group_input(x, group, masks) if masked else x[group.start : group.end]
+            out_g = out[group.start : group.end]
+            if group.k == 1:
+                # The scaling rides in the GEMM's alpha: a separate multiply by a Python
+                # float costs a scalar-tensor conversion and a kernel (~3 us each).
+                a, b = weights[2 * group.first], weights[2 * group.first + 1]
+                hidden = torch.mm(x_g, a.t())  # unscaled
+                torch.addmm(out_g, hidden, b.t(), beta=0, alpha=group.scalings[0], out=out_g)
+                saved += [x_g, hidden]
+            else:
+                a_k, b_k = _stacked(weights, group)
+                x_k = x_g.view(group.k, -1, x.shape[1])
+                hidden = torch.bmm(x_k, a_k.transpose(1, 2)).mul_(group.scaling)
+                torch.bmm(hidden, b_k.transpose(1, 2), out=out_g.view(group.k, -1, out_features))
+                saved += [x_g, hidden, a_k, b_k]
         ctx.plan, ctx.masks, ctx.masked = plan, masks, masked
         ctx.save_for_backward(*saved, *weights)
         return out
@@ -155,36 +137,35 @@ class SegmentedLora(torch.autograd.Function):
             grad_x = alloc((grad_out.shape[0], weights[0].shape[1]))
         grads: list[torch.Tensor | None] = [None] * len(weights)
         zero = grad_out.new_zeros(())
-        with one_thread(plan.single_thread):
-            for group in plan.groups:
-                g = grad_out[group.start : group.end]
-                grad_x_g = grad_x[group.start : group.end] if grad_x is not None else None
-                if group.k == 1:
-                    x_g, hidden = next(saved), next(saved)  # hidden is unscaled
-                    i = 2 * group.first
-                    a, b = weights[i], weights[i + 1]
-                    s = group.scalings[0]
-                    # beta=0: the 0-dim ``zero`` only gives addmm an input to ignore.
-                    grads[i + 1] = torch.addmm(zero, g.t(), hidden, beta=0, alpha=s)  # [out, r]
-                    grad_hidden = torch.mm(g, b)  # [n, r], unscaled
-                    grads[i] = torch.addmm(zero, grad_hidden.t(), x_g, beta=0, alpha=s)  # [r, in]
-                    if grad_x_g is not None:
-                        torch.addmm(grad_x_g, grad_hidden, a, beta=0, alpha=s, out=grad_x_g)
-                else:
-                    x_g, hidden, a_k, b_k = next(saved), next(saved), next(saved), next(saved)
-                    g_k = g.view(group.k, -1, g.shape[1])
-                    x_k = x_g.view(group.k, -1, x_g.shape[1])
-                    grad_b = torch.bmm(g_k.transpose(1, 2), hidden)  # [k, out, r]
-                    grad_hidden = torch.bmm(g_k, b_k).mul_(group.scaling)  # [k, n, r]
-                    grad_a = torch.bmm(grad_hidden.transpose(1, 2), x_k)  # [k, r, in]
-                    for j in range(group.k):
-                        grads[2 * (group.first + j)] = grad_a[j]
-                        grads[2 * (group.first + j) + 1] = grad_b[j]
-                    if grad_x_g is not None:
-                        out_k = grad_x_g.view(group.k, -1, a_k.shape[2])
-                        torch.bmm(grad_hidden, a_k, out=out_k)
-                if grad_x_g is not None and ctx.masked:
-                    _apply_masks_to_grad(grad_x_g, group, masks)
+        for group in plan.groups:
+            g = grad_out[group.start : group.end]
+            grad_x_g = grad_x[group.start : group.end] if grad_x is not None else None
+            if group.k == 1:
+                x_g, hidden = next(saved), next(saved)  # hidden is unscaled
+                i = 2 * group.first
+                a, b = weights[i], weights[i + 1]
+                s = group.scalings[0]
+                # beta=0: the 0-dim ``zero`` only gives addmm an input to ignore.
+                grads[i + 1] = torch.addmm(zero, g.t(), hidden, beta=0, alpha=s)  # [out, r]
+                grad_hidden = torch.mm(g, b)  # [n, r], unscaled
+                grads[i] = torch.addmm(zero, grad_hidden.t(), x_g, beta=0, alpha=s)  # [r, in]
+                if grad_x_g is not None:
+                    torch.addmm(grad_x_g, grad_hidden, a, beta=0, alpha=s, out=grad_x_g)
+            else:
+                x_g, hidden, a_k, b_k = next(saved), next(saved), next(saved), next(saved)
+                g_k = g.view(group.k, -1, g.shape[1])
+                x_k = x_g.view(group.k, -1, x_g.shape[1])
+                grad_b = torch.bmm(g_k.transpose(1, 2), hidden)  # [k, out, r]
+                grad_hidden = torch.bmm(g_k, b_k).mul_(group.scaling)  # [k, n, r]
+                grad_a = torch.bmm(grad_hidden.transpose(1, 2), x_k)  # [k, r, in]
+                for j in range(group.k):
+                    grads[2 * (group.first + j)] = grad_a[j]
+                    grads[2 * (group.first + j) + 1] = grad_b[j]
+                if grad_x_g is not None:
+                    out_k = grad_x_g.view(group.k, -1, a_k.shape[2])
+                    torch.bmm(grad_hidden, a_k, out=out_k)
+            if grad_x_g is not None and ctx.masked:
+                _apply_masks_to_grad(grad_x_g, group, masks)
         return (grad_x, None, None, *grads)
 
 
