@@ -56,9 +56,8 @@ def segmented_lora_reference(
     out_shape = (*x.shape[:-1], out_features)
     if not plan.groups:
         return x.new_zeros(out_shape)
-    weights = [w for seg in plan.segments for w in (seg.lora_A, seg.lora_B)]
-    masks = _dropout_masks(x, plan.segments)
-    out = SegmentedLora.apply(x.reshape(-1, x.shape[-1]), plan, masks, *weights)
+    masks = _dropout_masks(x, plan.segments) if plan.dropout else (None,) * len(plan.segments)
+    out = SegmentedLora.apply(x.reshape(-1, x.shape[-1]), plan, masks, *plan.weights)
     return out.reshape(out_shape)
 
 

@@ -46,6 +46,8 @@ class Plan:
     segments: tuple[LoraSegment, ...]  # the non-empty ones, in order
     groups: tuple[Group, ...]
     covers_all: bool  # no token outside every segment: outputs need no zero fill
+    weights: tuple[torch.Tensor, ...] = ()  # A_0, B_0, A_1, B_1, ... of ``segments``
+    dropout: bool = False  # some segment has dropout (else the op gets no masks to draw)
 
     @staticmethod
     def build(
@@ -87,7 +89,13 @@ class Plan:
                 )
             )
         covered = sum(seg.rows for seg in segments)
-        return Plan(tuple(segments), tuple(groups), covers_all=covered == rows)
+        return Plan(
+            tuple(segments),
+            tuple(groups),
+            covers_all=covered == rows,
+            weights=tuple(w for seg in segments for w in (seg.lora_A, seg.lora_B)),
+            dropout=any(seg.dropout is not None for seg in segments),
+        )
 
 
 class SegmentedLora(torch.autograd.Function):

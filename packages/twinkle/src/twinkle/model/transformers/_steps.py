@@ -180,16 +180,17 @@ def _attach_logprobs(states: list[ForwardState], logits: torch.Tensor, attr: str
     seq = logits.shape[1]
     targets = torch.cat([_pad_to(s.targets, seq, IGNORE_INDEX) for s in states]).to(logits.device)
     logprobs = token_logprobs(logits, targets)
-    predicted = logits.detach().argmax(-1).cpu() if attr == "logprobs" else None
+    row_hits = None
+    if attr == "logprobs":
+        # Correct predictions per row, for every state at once (padding targets never count).
+        hits = (logits.detach().argmax(-1) == targets) & (targets != IGNORE_INDEX)
+        row_hits = hits.sum(-1).tolist()
     row = 0
     for state in states:
         rows, state_seq = state.targets.shape
         setattr(state, attr, logprobs[row : row + rows, :state_seq])
-        if predicted is not None:
-            hits = (predicted[row : row + rows, :state_seq] == state.targets) & (
-                state.targets != IGNORE_INDEX
-            )
-            state.correct = int(hits.sum())
+        if row_hits is not None:
+            state.correct = sum(row_hits[row : row + rows])
         row += rows
 
 
