@@ -76,3 +76,30 @@ def test_fused_rejects_unknown_tenant_without_side_effects():
     with pytest.raises(ValueError, match="ghost"):
         m.forward_backward_many(requests)
     assert all(p.grad is None for t in m.tenants.values() for p in t.params)
+
+
+def test_fused_token_accuracy_counts_each_tenants_own_rows():
+    """Labels are built from each tenant's own predictions (a known number right), with different
+    row counts and lengths (padding in the stacked batch): every tenant's ``token_acc`` after one
+    fused pass is exactly its known count over its trained tokens."""
+    from twinkle.model.lora.layer import RowRoute
+
+    m = _model("tiny://qwen3")
+    requests, expected = {}, {}
+    for i, (name, (rows, seq)) in enumerate(zip(RANKS, [(2, 24), (4, 20), (3, 16)])):
+        batch = make_batch(rows=rows, seq=seq, seed=10 + i)
+        with torch.no_grad(), m.routes([RowRoute(name, 0, rows)]):
+            predicted = m.model(input_ids=batch["input_ids"]).logits.argmax(-1)[:, :-1]
+        right = torch.rand(rows, seq - 1, generator=torch.Generator().manual_seed(i)) < 0.5
+        vocab = m.model.get_input_embeddings().weight.shape[0]
+        labels = torch.where(right, predicted, (predicted + 1) % vocab)
+        batch["labels"][:, 1:] = labels
+        batch["labels"][:, :4] = -100  # prompt positions: never counted
+        trained = batch["labels"][:, 1:] != -100
+        expected[name] = int((right & trained).sum()) / int(trained.sum())
+        requests[name] = {"inputs": batch}
+    requests["grpo16"]["advantages"] = torch.tensor([1.0, -0.5, 0.25, -1.0])
+    m.forward_backward_many(requests)
+    for name, accuracy in expected.items():
+        assert 0.2 < accuracy < 0.8
+        assert m.calculate_metric(adapter_name=name).result["token_acc"] == accuracy
