@@ -101,7 +101,8 @@ class Plan:
 class SegmentedLora(torch.autograd.Function):
     """``scaling * dropout(x) @ A.T @ B.T`` per segment, for every segment, as one autograd node.
 
-    ``x`` is the flattened input ``[tokens, in]``; ``weights`` are ``A_0, B_0, A_1, B_1, ...``.
+    ``x`` is the flattened input ``[tokens, in]``; ``weights`` are ``A_0, B_0, A_1, B_1, ...``;
+    ``masks`` holds each segment's dropout mask or None, and is all None unless ``plan.dropout``.
     """
 
     @staticmethod
@@ -110,9 +111,8 @@ class SegmentedLora(torch.autograd.Function):
         alloc = x.new_empty if plan.covers_all else x.new_zeros
         out = alloc((x.shape[0], out_features))
         saved: list[torch.Tensor] = []
-        masked = any(m is not None for m in masks)
         for group in plan.groups:
-            x_g = _group_input(x, group, masks) if masked else x[group.start : group.end]
+            x_g = _group_input(x, group, masks) if plan.dropout else x[group.start : group.end]
             out_g = out[group.start : group.end]
             if group.k == 1:
                 # The scaling rides in the GEMM's alpha: a separate multiply by a Python
@@ -127,7 +127,7 @@ class SegmentedLora(torch.autograd.Function):
                 hidden = torch.bmm(x_k, a_k.transpose(1, 2)).mul_(group.scaling)
                 torch.bmm(hidden, b_k.transpose(1, 2), out=out_g.view(group.k, -1, out_features))
                 saved += [x_g, hidden, a_k, b_k]
-        ctx.plan, ctx.masks, ctx.masked = plan, masks, masked
+        ctx.plan, ctx.masks = plan, masks
         ctx.save_for_backward(*saved, *weights)
         return out
 
@@ -172,7 +172,7 @@ class SegmentedLora(torch.autograd.Function):
                 if grad_x_g is not None:
                     out_k = grad_x_g.view(group.k, -1, a_k.shape[2])
                     torch.bmm(grad_hidden, a_k, out=out_k)
-            if grad_x_g is not None and ctx.masked:
+            if grad_x_g is not None and plan.dropout:
                 _apply_masks_to_grad(grad_x_g, group, masks)
         return (grad_x, None, None, *grads)
 
