@@ -10,8 +10,11 @@ autograd nodes, not their arithmetic. So:
 * every GEMM keeps torch's thread count: dropping to one thread for a layer call of small lone
   GEMMs (an earlier rule) made the tiny model's fused mixed-rank step 3% slower, measured in one
   process against the same step on two threads;
-* a lone segment's scaling rides in the GEMMs' ``alpha`` (``addmm``) instead of a multiply by a
-  Python float, which costs a scalar conversion and a kernel per call;
+* a segment's scaling rides in the GEMMs' ``alpha`` (``addmm``/``baddbmm``) instead of a multiply
+  by a Python float, which costs a scalar conversion and a kernel per call; only a group whose
+  segments have different scalings multiplies by a ``[k, 1, 1]`` tensor;
+* backward unpacks four saved tensors per group (a group saves its stacked weights, not each
+  segment's pair) and splits stacked gradients with one ``unbind``;
 * without dropout (the usual case) a group's rows are a plain view: no mask bookkeeping.
 
 Dropout is applied as each segment's multiplicative mask (``ops._dropout_masks``).
@@ -38,7 +41,8 @@ class Group:
     start: int
     end: int
     scalings: tuple[float, ...]
-    scaling: torch.Tensor | None = None  # [k, 1, 1] for k > 1
+    # [k, 1, 1] when the k scalings differ; else None and the GEMMs' alpha carries scalings[0]
+    scaling: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,7 @@ class Plan:
                     scalings=scalings,
                     scaling=(
                         torch.tensor(scalings, dtype=dtype, device=device).view(-1, 1, 1)
-                        if len(run) > 1
+                        if len(set(scalings)) > 1
                         else None
                     ),
                 )
@@ -120,38 +124,42 @@ class SegmentedLora(torch.autograd.Function):
                 a, b = weights[2 * group.first], weights[2 * group.first + 1]
                 hidden = torch.mm(x_g, a.t())  # unscaled
                 torch.addmm(out_g, hidden, b.t(), beta=0, alpha=group.scalings[0], out=out_g)
-                saved += [x_g, hidden]
+                saved += [x_g, hidden, a, b]
             else:
                 a_k, b_k = _stacked(weights, group)
                 x_k = x_g.view(group.k, -1, x.shape[1])
-                hidden = torch.bmm(x_k, a_k.transpose(1, 2)).mul_(group.scaling)
-                torch.bmm(hidden, b_k.transpose(1, 2), out=out_g.view(group.k, -1, out_features))
+                out_k = out_g.view(group.k, -1, out_features)
+                hidden = torch.bmm(x_k, a_k.transpose(1, 2))
+                if group.scaling is None:  # one scaling for the group: alpha, hidden unscaled
+                    s = group.scalings[0]
+                    torch.baddbmm(out_k, hidden, b_k.transpose(1, 2), beta=0, alpha=s, out=out_k)
+                else:  # hidden carries each segment's scaling
+                    torch.bmm(hidden.mul_(group.scaling), b_k.transpose(1, 2), out=out_k)
                 saved += [x_g, hidden, a_k, b_k]
-        ctx.plan, ctx.masks = plan, masks
-        ctx.save_for_backward(*saved, *weights)
+        ctx.plan, ctx.masks, ctx.in_features = plan, masks, x.shape[1]
+        # Four tensors per group; a group of k > 1 saves its stacked weights, not its k pairs
+        # (each saved tensor costs a pack and an unpack).
+        ctx.save_for_backward(*saved)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         plan, masks = ctx.plan, ctx.masks
-        n_saved = sum(2 if group.k == 1 else 4 for group in plan.groups)
-        everything = ctx.saved_tensors
-        saved, weights = iter(everything[:n_saved]), everything[n_saved:]
+        saved = iter(ctx.saved_tensors)
         grad_out = grad_out.contiguous()
         need_x = ctx.needs_input_grad[0]
         grad_x = None
         if need_x:
             alloc = grad_out.new_empty if plan.covers_all else grad_out.new_zeros
-            grad_x = alloc((grad_out.shape[0], weights[0].shape[1]))
-        grads: list[torch.Tensor | None] = [None] * len(weights)
+            grad_x = alloc((grad_out.shape[0], ctx.in_features))
+        grads: list[torch.Tensor | None] = [None] * len(plan.weights)
         zero = grad_out.new_zeros(())
         for group in plan.groups:
             g = grad_out[group.start : group.end]
             grad_x_g = grad_x[group.start : group.end] if grad_x is not None else None
             if group.k == 1:
-                x_g, hidden = next(saved), next(saved)  # hidden is unscaled
-                i = 2 * group.first
-                a, b = weights[i], weights[i + 1]
+                x_g, hidden, a, b = next(saved), next(saved), next(saved), next(saved)
+                i = 2 * group.first  # hidden is unscaled
                 s = group.scalings[0]
                 # beta=0: the 0-dim ``zero`` only gives addmm an input to ignore.
                 grads[i + 1] = torch.addmm(zero, g.t(), hidden, beta=0, alpha=s)  # [out, r]
@@ -163,15 +171,22 @@ class SegmentedLora(torch.autograd.Function):
                 x_g, hidden, a_k, b_k = next(saved), next(saved), next(saved), next(saved)
                 g_k = g.view(group.k, -1, g.shape[1])
                 x_k = x_g.view(group.k, -1, x_g.shape[1])
-                grad_b = torch.bmm(g_k.transpose(1, 2), hidden)  # [k, out, r]
-                grad_hidden = torch.bmm(g_k, b_k).mul_(group.scaling)  # [k, n, r]
-                grad_a = torch.bmm(grad_hidden.transpose(1, 2), x_k)  # [k, r, in]
-                for j in range(group.k):
-                    grads[2 * (group.first + j)] = grad_a[j]
-                    grads[2 * (group.first + j) + 1] = grad_b[j]
+                grad_hidden = torch.bmm(g_k, b_k)  # [k, n, r]
+                if group.scaling is None:  # hidden and grad_hidden unscaled: alpha scales
+                    s = group.scalings[0]
+                    grad_b = torch.baddbmm(zero, g_k.transpose(1, 2), hidden, beta=0, alpha=s)
+                    grad_a = torch.baddbmm(zero, grad_hidden.transpose(1, 2), x_k, beta=0, alpha=s)
+                else:  # hidden was scaled in the forward
+                    s = 1.0
+                    grad_b = torch.bmm(g_k.transpose(1, 2), hidden)  # [k, out, r]
+                    grad_hidden.mul_(group.scaling)
+                    grad_a = torch.bmm(grad_hidden.transpose(1, 2), x_k)  # [k, r, in]
+                first = 2 * group.first
+                grads[first : first + 2 * group.k : 2] = grad_a.unbind(0)
+                grads[first + 1 : first + 2 * group.k : 2] = grad_b.unbind(0)
                 if grad_x_g is not None:
                     out_k = grad_x_g.view(group.k, -1, a_k.shape[2])
-                    torch.bmm(grad_hidden, a_k, out=out_k)
+                    torch.baddbmm(out_k, grad_hidden, a_k, beta=0, alpha=s, out=out_k)
             if grad_x_g is not None and plan.dropout:
                 _apply_masks_to_grad(grad_x_g, group, masks)
         return (grad_x, None, None, *grads)
