@@ -23,16 +23,39 @@ def shift_left(values: torch.Tensor, fill: float | int) -> torch.Tensor:
     return out
 
 
+# On the CPU the log-softmax runs over chunks of about this many fp32 bytes (see token_logprobs).
+CPU_CHUNK_BYTES = 2 << 20
+MIN_CHUNK_TOKENS = 16
+
+
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """``log p(targets[b, t])`` from ``logits[b, t]`` in fp32; 0 where the target is -100."""
+    """``log p(targets[b, t])`` from ``logits[b, t]`` in fp32; 0 where the target is -100.
+
+    On the CPU the tokens go through the cross-entropy in chunks of ~2 MiB of fp32 logits: a
+    whole batch's log-softmax and its gradient stream several [tokens, vocab] tensors through
+    memory, while a chunk's stay in cache. Measured on the 2-core development machine
+    (forward + backward with the output projection): vocab 4k x 1024 tokens 13.4 -> 10.1 ms,
+    4k x 4096 104 -> 73 ms, 32k x 1024 208 -> 147 ms, 152k x 512 466 -> 370 ms. The values are
+    the same (each token's log-probability depends only on its own row). CUDA tensors take one
+    call, as kernel launches there cost more than the cache saves.
+    """
     batch, seq, vocab = logits.shape
-    nll = torch.nn.functional.cross_entropy(
-        logits.float().reshape(batch * seq, vocab),
-        targets.reshape(-1),
-        ignore_index=IGNORE_INDEX,
-        reduction="none",
-    )
+    flat_logits = logits.reshape(batch * seq, vocab)
+    flat_targets = targets.reshape(-1)
+    chunk = max(MIN_CHUNK_TOKENS, CPU_CHUNK_BYTES // (4 * vocab))
+    if logits.is_cuda or flat_logits.shape[0] <= chunk:
+        nll = _nll(flat_logits, flat_targets)
+    else:
+        nll = torch.cat(
+            [_nll(lg, tg) for lg, tg in zip(flat_logits.split(chunk), flat_targets.split(chunk))]
+        )
     return -nll.reshape(batch, seq)
+
+
+def _nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(
+        logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="none"
+    )
 
 
 def as_float_tensor(value: Any, rows: int, seq: int, name: str) -> torch.Tensor:
