@@ -62,3 +62,9 @@ def test_chunk_size_follows_the_vocabulary(monkeypatch):
     calls.clear()
     token_logprobs(torch.zeros(1, 100, 4096), torch.zeros(1, 100, dtype=torch.long))
     assert calls == [100]  # fits one chunk: one call
+    calls.clear()
+    meta = torch.device("meta")  # stands in for an accelerator: never chunked
+    token_logprobs(
+        torch.zeros(2, 300, 4096, device=meta), torch.zeros(2, 300, dtype=torch.long, device=meta)
+    )
+    assert calls == [600]
