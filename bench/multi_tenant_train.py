@@ -18,6 +18,7 @@ on its own line. ``--check`` asserts that fused losses and gradients equal the s
     python bench/multi_tenant_train.py --quick    # a subset, under a minute
     python bench/multi_tenant_train.py --check    # correctness only
     python bench/multi_tenant_train.py --keep-freed-memory   # as the server's replicas run
+    python bench/multi_tenant_train.py --models tiny://qwen3-0.5b --tenants 8   # N=8 points only
 """
 
 from __future__ import annotations
@@ -226,15 +227,27 @@ def run_point(
     }
 
 
-def points(quick: bool, models: list[str] | None = None) -> list[Point]:
+def points(
+    quick: bool,
+    models: list[str] | None = None,
+    tenants: list[int] | None = None,
+    batches: list[int] | None = None,
+) -> list[Point]:
+    """The points to run; ``tenants`` / ``batches`` keep only those N / B (the mixed-rank row
+    has N = len(MIXED_RANKS))."""
     if quick:
-        return [Point((models or MODELS)[0], (RANK,) * n, b) for n in (1, 8) for b in BATCHES]
-    out = []
-    for model in models or MODELS:
-        for b in BATCHES:
-            out += [Point(model, (RANK,) * n, b) for n in TENANTS]
-            out.append(Point(model, MIXED_RANKS, b))
-    return out
+        out = [Point((models or MODELS)[0], (RANK,) * n, b) for n in (1, 8) for b in BATCHES]
+    else:
+        out = []
+        for model in models or MODELS:
+            for b in BATCHES:
+                out += [Point(model, (RANK,) * n, b) for n in TENANTS]
+                out.append(Point(model, MIXED_RANKS, b))
+    return [
+        p
+        for p in out
+        if (tenants is None or p.tenants in tenants) and (batches is None or p.batch in batches)
+    ]
 
 
 # -------------------------------------------------------------------------------- correctness
@@ -305,6 +318,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--models", nargs="*", default=None, help="model ids to run instead of the defaults"
     )
+    parser.add_argument(
+        "--tenants", type=int, nargs="*", default=None, help="only points with these N (e.g. 8)"
+    )
+    parser.add_argument(
+        "--batches", type=int, nargs="*", default=None, help="only points with these B"
+    )
     parser.add_argument("--json-out", default=None, help="also write the JSON lines to this file")
     parser.add_argument(
         "--keep-freed-memory",
@@ -312,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
         help="call twinkle.model.memory.keep_freed_memory() first (what the server's replicas do)",
     )
     args = parser.parse_args(argv)
+    selected = points(args.quick, args.models, args.tenants, args.batches)
+    if not selected:
+        parser.error("no benchmark point matches --tenants / --batches")
     torch.set_num_threads(args.threads)
     kept = keep_freed_memory() if args.keep_freed_memory else False
     if args.check:
@@ -321,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     lines = [json.dumps({"meta": {**machine(), "keep_freed_memory": kept}})]
     print(lines[0], flush=True)
-    for point in points(args.quick, args.models):
+    for point in selected:
         warmup, steps = (1, 3) if args.quick else (args.warmup, args.steps)
         lines.append(json.dumps(run_point(point, warmup, steps, args.point_seconds)))
         print(lines[-1], flush=True)

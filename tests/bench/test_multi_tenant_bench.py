@@ -36,6 +36,26 @@ def test_quick_subset_is_tiny_model_only(bench):
     assert {(p.tenants, p.batch) for p in points} == {(1, 1), (1, 4), (8, 1), (8, 4)}
 
 
+def test_tenant_and_batch_filters_keep_only_those_points(bench):
+    everything = bench.points(quick=False)
+    assert len(everything) == 20  # 2 models x 2 batches x (4 tenant counts + the mixed row)
+    n8 = bench.points(quick=False, models=["tiny://qwen3-0.5b"], tenants=[8])
+    assert [(p.model, p.tenants, p.batch, set(p.ranks)) for p in n8] == [
+        ("tiny://qwen3-0.5b", 8, 1, {16}),
+        ("tiny://qwen3-0.5b", 8, 4, {16}),
+    ]
+    mixed_b1 = bench.points(quick=False, tenants=[4], batches=[1])
+    assert sorted(len(set(p.ranks)) for p in mixed_b1) == [1, 1, 4, 4]  # rank 16 x4, mixed
+    assert bench.points(quick=False, tenants=[3]) == []
+
+
+def test_cli_rejects_a_filter_that_matches_nothing(bench, capsys):
+    with pytest.raises(SystemExit) as info:
+        bench.main(["--tenants", "3"])
+    assert info.value.code == 2
+    assert "no benchmark point matches" in capsys.readouterr().err
+
+
 def test_timed_steps_fill_the_budget_within_bounds(bench):
     assert bench.timed_steps(0.1, 10.0, low=15, high=60) == 60
     assert bench.timed_steps(0.3, 10.0, low=15, high=60) == 33

@@ -106,6 +106,20 @@ def test_concurrent_processes_build_once(tmp_path):
 
 
 def test_tiny_models_table():
-    assert set(TINY_MODELS) == {"qwen3", "qwen3.5", "qwen3-25m", "qwen3.5-25m"}
+    assert set(TINY_MODELS) == {"qwen3", "qwen3.5", "qwen3-25m", "qwen3.5-25m", "qwen3-0.5b"}
     with pytest.raises(ValueError, match="qwen3.5"):
         build_tiny_model("llama", "/nonexistent")
+
+
+def test_half_billion_spec_has_the_documented_size():
+    """Counted on the meta device: the ~1.8 GB of weights are never built here."""
+    import torch
+    import transformers
+
+    spec = TINY_MODELS["qwen3-0.5b"]
+    config = transformers.Qwen3Config(
+        **dict(spec.config), vocab_size=spec.vocab_size, tie_word_embeddings=True
+    )
+    with torch.device("meta"):
+        model = transformers.Qwen3ForCausalLM(config)
+    assert sum(p.numel() for p in model.parameters()) == 444_661_760  # docs/models.md: 444.7 M

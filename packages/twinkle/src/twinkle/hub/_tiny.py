@@ -77,6 +77,19 @@ _BENCH = dict(
 )
 
 
+# Qwen3-0.6B's shape with the tiny vocabulary: ~0.44 B parameters, for GPU benchmarks. Building it
+# writes ~1.8 GB of float32 weights; nothing on the CPU test path uses it.
+_HALF_B = dict(
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=4096,
+)
+
+
 def _linear_attention(key_heads: int, value_heads: int, head_dim: int) -> dict[str, object]:
     # Real Qwen3.5 has twice as many value heads as key heads in its linear-attention layers.
     return dict(
@@ -98,6 +111,7 @@ TINY_MODELS: Mapping[str, TinySpec] = MappingProxyType(
             | {"layer_types": ["linear_attention", "full_attention"]},
         ),
         "qwen3-25m": TinySpec("Qwen3ForCausalLM", _BENCH),
+        "qwen3-0.5b": TinySpec("Qwen3ForCausalLM", _HALF_B),
         "qwen3.5-25m": TinySpec(
             "Qwen3_5ForCausalLM",
             _BENCH

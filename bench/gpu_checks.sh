@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Every GPU measurement that issue 4 asks for, in one run that fits a 15-minute device lease
+# (about 8 minutes of work; each step has its own time limit and a failed step does not stop the
+# others). Run from the repository root on a CUDA machine, offline:
+#
+#     bash bench/gpu_checks.sh [OUT_DIR]        # default: $OUT, else ./gpu_out
+#
+# It uses the python that holds CUDA torch ($PYTHON, default python3) with the repo's packages on
+# PYTHONPATH (nothing is installed), and writes to OUT_DIR:
+#   env.txt              GPU, driver, torch / triton / transformers / peft versions
+#   triton_tests.log     tests/kernels on the GPU: the Triton kernels against the torch reference
+#   lora_kernel.jsonl    multi-LoRA linear vs the frozen base linear, 4k tokens (target <= 1.15x)
+#   train_gpu.jsonl      fused vs time-sliced vs limit at N=8, B in {1, 4}: tiny://qwen3.5-25m,
+#                        tiny://qwen3-0.5b (0.44 B parameters, built offline on first use)
+#   summary.txt          each step's exit status and the GPU targets read from the JSON lines
+set -u
+out="${1:-${OUT:-gpu_out}}"
+mkdir -p "$out"
+py="${PYTHON:-python3}"
+root="$(pwd)"
+export PYTHONPATH="$root/packages/twinkle/src:$root/packages/twinkle-client/src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export TWINKLE_CACHE_DIR="${TWINKLE_CACHE_DIR:-/tmp/twinkle-cache}"
+summary="$out/summary.txt"
+: >"$summary"
+
+step() {  # step NAME SECONDS COMMAND... : run with a time limit, record the exit status
+  local name="$1" limit="$2"
+  shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@"
+  local rc=$?
+  echo "$name: rc $rc in $((SECONDS - start)) s (limit $limit s)" | tee -a "$summary"
+}
+
+{
+  date -u
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1
+  "$py" - <<'EOF'
+import importlib
+for name in ("torch", "triton", "transformers", "peft", "tokenizers", "safetensors"):
+    try:
+        print(name, importlib.import_module(name).__version__)
+    except Exception as exc:  # report and go on: the steps below say what failed
+        print(name, "MISSING", repr(exc))
+import torch
+print("cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
+EOF
+} >"$out/env.txt" 2>&1
+cat "$out/env.txt"
+if ! "$py" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  echo "no CUDA device: nothing to measure" | tee -a "$summary"
+  exit 2
+fi
+
+step triton_tests 150 "$py" -m pytest -q -p no:cacheprovider tests/kernels \
+  >"$out/triton_tests.log" 2>&1
+tail -3 "$out/triton_tests.log"
+
+step lora_kernel 120 "$py" bench/lora_kernel.py --iters 50 \
+  >"$out/lora_kernel.jsonl" 2>"$out/lora_kernel.log"
+cat "$out/lora_kernel.jsonl"
+
+step train_gpu 330 "$py" bench/multi_tenant_train.py \
+  --models tiny://qwen3.5-25m tiny://qwen3-0.5b --tenants 8 --point-seconds 4 \
+  --json-out "$out/train_gpu.jsonl" >"$out/train_gpu.log" 2>&1
+grep '^{' "$out/train_gpu.log"
+
+"$py" bench/gpu_summary.py "$out" | tee -a "$summary"
