@@ -4,7 +4,7 @@
 
 Prints one JSON line per target with the measured value and whether it is met:
 
-- ``fused_vs_sliced >= 2`` at N=8, B in {1, 4}, per model (``train_gpu.log``);
+- ``fused_vs_sliced >= 2`` at N=8, B in {1, 4}, per model (``train_*.log``);
 - the multi-LoRA linear within 1.15x of the frozen base linear at 4k tokens (``lora_kernel.jsonl``).
 
 A target without a measurement is printed with ``"met": null``.
@@ -36,7 +36,12 @@ def _json_lines(path: Path) -> list[dict[str, Any]]:
 
 
 def summarize(out_dir: Path) -> list[dict[str, Any]]:
-    train = [r for r in _json_lines(out_dir / "train_gpu.log") if "fused_vs_sliced" in r]
+    train = [
+        r
+        for log in sorted(out_dir.glob("train_*.log"))
+        for r in _json_lines(log)
+        if "fused_vs_sliced" in r
+    ]
     results = []
     for model in MODELS:
         for batch in BATCHES:

@@ -37,13 +37,19 @@ def _train_line(model, batch, fused_vs_sliced, fused_vs_limit=0.97):
 
 
 def test_summary_reads_every_target(summary, tmp_path):
-    (tmp_path / "train_gpu.log").write_text(
+    (tmp_path / "train_qwen3.5-25m.log").write_text(
         "\n".join(
             [
                 '{"meta": {"threads": 16}}',
                 "Loading weights: 100%",
                 _train_line("tiny://qwen3.5-25m", 1, 3.1),
                 _train_line("tiny://qwen3.5-25m", 4, 1.7),
+            ]
+        )
+    )
+    (tmp_path / "train_qwen3-0.5b.log").write_text(
+        "\n".join(
+            [
                 _train_line("tiny://qwen3-0.5b", 1, 2.4),
                 '{"model": "tiny://qwen3-0.5b", "tenants": 8, "bat',  # cut off by a time limit
             ]
