@@ -7,7 +7,8 @@
 #     bash bench/gpu_checks.sh [OUT_DIR]        # default: $OUT, else ./gpu_out
 #
 # It uses the python that holds CUDA torch ($PYTHON, default python3) with the repo's packages on
-# PYTHONPATH (nothing is installed), and writes to OUT_DIR:
+# PYTHONPATH, plus the wheels in .whl/ (from bench/gpu_wheels.sh) installed into /tmp/site when
+# that folder exists. It writes to OUT_DIR:
 #   env.txt              GPU, driver, torch / triton / transformers / peft versions
 #   triton_tests.log     tests/kernels on the GPU: the Triton kernels against the torch reference
 #   lora_kernel.jsonl    multi-LoRA linear vs the frozen base linear, 4k tokens (target <= 1.15x)
@@ -20,7 +21,12 @@ out="${1:-${OUT:-gpu_out}}"
 mkdir -p "$out"
 py="${PYTHON:-python3}"
 root="$(pwd)"
-export PYTHONPATH="$root/packages/twinkle/src:$root/packages/twinkle-client/src${PYTHONPATH:+:$PYTHONPATH}"
+site=""
+if compgen -G ".whl/*.whl" >/dev/null; then  # wheels from bench/gpu_wheels.sh, carried along
+  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && site=":/tmp/site"
+fi
+export PYTHONPATH="$root/packages/twinkle/src:$root/packages/twinkle-client/src$site${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export TWINKLE_CACHE_DIR="${TWINKLE_CACHE_DIR:-/tmp/twinkle-cache}"
 summary="$out/summary.txt"
@@ -40,7 +46,7 @@ step() {  # step NAME SECONDS COMMAND... : run with a time limit, record the exi
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1
   "$py" - <<'EOF'
 import importlib
-for name in ("torch", "triton", "transformers", "peft", "tokenizers", "safetensors"):
+for name in ("torch", "triton", "transformers", "peft", "pydantic", "tokenizers", "safetensors"):
     try:
         print(name, importlib.import_module(name).__version__)
     except Exception as exc:  # report and go on: the steps below say what failed
