@@ -49,7 +49,11 @@ def test_tenant_and_batch_filters_keep_only_those_points(bench):
     assert bench.points(quick=False, tenants=[3]) == []
 
 
-def test_cli_rejects_a_filter_that_matches_nothing(bench, capsys):
+def test_cli_rejects_a_filter_that_matches_nothing(bench, capsys, monkeypatch):
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("no point may run when the filter matches nothing")
+
+    monkeypatch.setattr(bench, "run_point", must_not_run)
     with pytest.raises(SystemExit) as info:
         bench.main(["--tenants", "3"])
     assert info.value.code == 2
