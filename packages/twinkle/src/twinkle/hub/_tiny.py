@@ -54,40 +54,27 @@ class TinySpec:
         return h.hexdigest()[:12]
 
 
-_SMALL = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=4096,
-    # Wider than the usual 0.02: with hidden 64 and a frozen tied LM head, 0.02 caps the logits
-    # near 1, so no adapter could lower the loss much below log(vocab) - 1 in tests and the demo.
-    initializer_range=0.1,
-)
-_BENCH = dict(
-    hidden_size=512,
-    intermediate_size=1408,
-    num_hidden_layers=8,
-    num_attention_heads=8,
-    num_key_value_heads=4,
-    head_dim=64,
-    max_position_embeddings=4096,
-)
+def _sizes(
+    hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, head_dim: int
+) -> dict[str, object]:
+    return dict(
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=4096,
+    )
 
 
+# Wider initialisation than the usual 0.02: with hidden 64 and a frozen tied LM head, 0.02 caps the
+# logits near 1, so no adapter could lower the loss much below log(vocab) - 1 in tests and the demo.
+_SMALL = _sizes(64, 128, layers=2, heads=4, kv_heads=2, head_dim=16) | {"initializer_range": 0.1}
+_BENCH = _sizes(512, 1408, layers=8, heads=8, kv_heads=4, head_dim=64)
 # Qwen3-0.6B's shape with the tiny vocabulary: ~0.44 B parameters, for GPU benchmarks. Building it
 # writes ~1.8 GB of float32 weights; nothing on the CPU test path uses it.
-_HALF_B = dict(
-    hidden_size=1024,
-    intermediate_size=3072,
-    num_hidden_layers=28,
-    num_attention_heads=16,
-    num_key_value_heads=8,
-    head_dim=128,
-    max_position_embeddings=4096,
-)
+_HALF_B = _sizes(1024, 3072, layers=28, heads=16, kv_heads=8, head_dim=128)
 
 
 def _linear_attention(key_heads: int, value_heads: int, head_dim: int) -> dict[str, object]:
