@@ -71,10 +71,12 @@ cat "$out/lora_kernel.jsonl"
 
 # One process per model, so a failure with one (say, an older transformers without Qwen3.5)
 # leaves the other's figures.
-for model in qwen3-0.5b qwen3.5-25m; do
-  step "train_$model" 150 "$py" bench/multi_tenant_train.py \
-    --models "tiny://$model" --tenants 8 --point-seconds 4 >"$out/train_$model.log" 2>&1
-  grep '^{' "$out/train_$model.log"
+# The model list is gpu_summary.py's, which reads the results.
+for model in $("$py" bench/gpu_summary.py --models); do
+  name=${model#tiny://}
+  step "train_$name" 150 "$py" bench/multi_tenant_train.py \
+    --models "$model" --tenants 8 --point-seconds 4 >"$out/train_$name.log" 2>&1
+  grep '^{' "$out/train_$name.log"
 done
 
 "$py" bench/gpu_summary.py "$out" | tee -a "$summary"

@@ -1,6 +1,7 @@
 """Read the GPU targets of the fused multi-tenant step from ``bench/gpu_checks.sh``'s output.
 
     python bench/gpu_summary.py OUT_DIR
+    python bench/gpu_summary.py --models    # the models gpu_checks.sh trains, one per line
 
 Prints one JSON line per target with the measured value and whether it is met:
 
@@ -18,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 FUSED_VS_SLICED_TARGET = 2.0
-MODELS = ("tiny://qwen3.5-25m", "tiny://qwen3-0.5b")
+# The models of the fused-vs-sliced target. gpu_checks.sh trains them in this order, taking the
+# list from here (``--models``), so the script and the summary cannot drift apart.
+MODELS = ("tiny://qwen3-0.5b", "tiny://qwen3.5-25m")
 BATCHES = (1, 4)
 
 
@@ -84,6 +87,9 @@ def summarize(out_dir: Path) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args == ["--models"]:
+        print("\n".join(MODELS))
+        return 0
     if len(args) != 1:
         print(__doc__, file=sys.stderr)
         return 2

@@ -82,6 +82,12 @@ def test_summary_of_an_empty_directory_has_no_verdicts(summary, tmp_path, capsys
     assert summary.main([]) == 2
 
 
+def test_models_option_lists_what_the_summary_reads(summary, capsys):
+    assert summary.main(["--models"]) == 0
+    assert capsys.readouterr().out.split() == ["tiny://qwen3-0.5b", "tiny://qwen3.5-25m"]
+    assert tuple(summary.MODELS) == ("tiny://qwen3-0.5b", "tiny://qwen3.5-25m")
+
+
 def test_script_stops_cleanly_without_cuda(tmp_path):
     pytest.importorskip("torch")
     import torch
