@@ -227,6 +227,21 @@ def run_point(
     }
 
 
+# --quick: one warm-up round and a 6 s budget per point (15 or more timed rounds on the tiny
+# model), so the four points take about 40 s and their medians still mean something.
+QUICK_WARMUP = 1
+QUICK_POINT_SECONDS = 6.0
+
+
+def schedule(
+    quick: bool, warmup: int, steps: int | None, point_seconds: float
+) -> tuple[int, int | None, float]:
+    """``(warmup, steps, budget_seconds)`` for every point; ``--steps`` always wins."""
+    if quick:
+        return QUICK_WARMUP, steps, min(point_seconds, QUICK_POINT_SECONDS)
+    return warmup, steps, point_seconds
+
+
 def points(
     quick: bool,
     models: list[str] | None = None,
@@ -297,7 +312,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="tiny model, N in {1, 8}, B in {1, 4}")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny model, N in {1, 8}, B in {1, 4}, 6 s per point (about a minute in all)",
+    )
     parser.add_argument(
         "--check", action="store_true", help="only assert fused == sliced, then exit"
     )
@@ -343,9 +362,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     lines = [json.dumps({"meta": {**machine(), "keep_freed_memory": kept}})]
     print(lines[0], flush=True)
+    warmup, steps, budget = schedule(args.quick, args.warmup, args.steps, args.point_seconds)
     for point in selected:
-        warmup, steps = (1, 3) if args.quick else (args.warmup, args.steps)
-        lines.append(json.dumps(run_point(point, warmup, steps, args.point_seconds)))
+        lines.append(json.dumps(run_point(point, warmup, steps, budget)))
         print(lines[-1], flush=True)
     if args.json_out:
         with open(args.json_out, "w") as f:

@@ -36,6 +36,14 @@ def test_quick_subset_is_tiny_model_only(bench):
     assert {(p.tenants, p.batch) for p in points} == {(1, 1), (1, 4), (8, 1), (8, 4)}
 
 
+def test_quick_runs_are_time_budgeted_not_a_fixed_few_steps(bench):
+    # Budgeted: run_point picks 15-60 timed rounds to fill the budget (3 fixed steps were noise).
+    assert bench.schedule(True, 2, None, 10.0) == (1, None, 6.0)
+    assert bench.schedule(True, 2, None, 3.0) == (1, None, 3.0)  # a smaller budget is kept
+    assert bench.schedule(True, 2, 5, 10.0) == (1, 5, 6.0)  # --steps wins
+    assert bench.schedule(False, 2, None, 10.0) == (2, None, 10.0)
+
+
 def test_tenant_and_batch_filters_keep_only_those_points(bench):
     everything = bench.points(quick=False)
     assert len(everything) == 20  # 2 models x 2 batches x (4 tenant counts + the mixed row)
