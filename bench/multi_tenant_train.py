@@ -228,7 +228,7 @@ def run_point(
 
 
 # --quick: one warm-up round and a 6 s budget per point (15 or more timed rounds on the tiny
-# model), so the four points take about 40 s and their medians still mean something.
+# model), so the four points take about 30 s and their medians still mean something.
 QUICK_WARMUP = 1
 QUICK_POINT_SECONDS = 6.0
 
@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="tiny model, N in {1, 8}, B in {1, 4}, 6 s per point (about a minute in all)",
+        help="tiny model, N in {1, 8}, B in {1, 4}, 6 s per point (about 30 s in all)",
     )
     parser.add_argument(
         "--check", action="store_true", help="only assert fused == sliced, then exit"
