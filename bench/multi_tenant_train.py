@@ -170,6 +170,30 @@ def timed_steps(round_seconds: float, budget_seconds: float, low: int, high: int
     return max(low, min(high, int(budget_seconds / round_seconds)))
 
 
+def small_gemm_us(calls: int = 1000) -> dict[str, float]:
+    """Microseconds per ``128x64 @ 64x16`` CPU ``mm`` on torch's threads and on one thread.
+
+    A probe of the host, not of Twinkle: on the 2-vCPU development VM the two-thread figure
+    moves between ~4.9 us and ~7.5 us from minute to minute while the one-thread figure stays at
+    ~4.8 us (the second vCPU answers the thread pool slowly at times). Steps made of many small
+    GEMMs (the tiny model at B=1, most of all with mixed ranks) slow down with it, so each point
+    records the probe before and after its timed rounds.
+    """
+    x, a = torch.randn(128, 64), torch.randn(16, 64)
+    out: dict[str, float] = {}
+    threads = torch.get_num_threads()
+    for label, n in (("threads", threads), ("one_thread", 1)):
+        torch.set_num_threads(n)
+        for _ in range(calls // 5):
+            torch.mm(x, a.t())
+        start = time.perf_counter()
+        for _ in range(calls):
+            torch.mm(x, a.t())
+        out[label] = round((time.perf_counter() - start) / calls * 1e6, 2)
+    torch.set_num_threads(threads)
+    return out
+
+
 def run_point(
     point: Point, warmup: int, steps: int | None, budget_seconds: float = 10.0
 ) -> dict[str, Any]:
@@ -188,6 +212,7 @@ def run_point(
         "limit": lambda: step_limit(model, concatenated),
     }
     times: dict[str, list[float]] = {m: [] for m in modes}
+    probe_before = small_gemm_us()
     i = 0
     while steps is None or i < warmup + steps:
         # Rotate the order so no mode always runs right after another one.
@@ -203,6 +228,7 @@ def run_point(
         if steps is None and i == warmup + 1:  # one timed round: now size the rest
             round_seconds = sum(t[0] for t in times.values())
             steps = timed_steps(round_seconds, budget_seconds, low=15, high=60)
+    probe_after = small_gemm_us()
     tokens = point.tenants * point.batch * point.seq
     tps = {m: tokens / statistics.median(t) for m, t in times.items()}
     measured, theory = measure_tenant_bytes(point.model, point.ranks)
@@ -224,6 +250,9 @@ def run_point(
         "threads": torch.get_num_threads(),
         "steps": steps,
         "warmup": warmup,
+        # [before, after] the timed rounds: see small_gemm_us
+        "small_gemm_us": [probe_before["threads"], probe_after["threads"]],
+        "small_gemm_us_one_thread": [probe_before["one_thread"], probe_after["one_thread"]],
     }
 
 

@@ -83,3 +83,16 @@ def test_a_point_without_a_step_count_sizes_itself(bench):
     assert result["fused_vs_limit"] == pytest.approx(
         result["fused_tps"] / result["limit_tps"], abs=2e-3
     )
+    # The host probe, before and after the timed rounds.
+    assert len(result["small_gemm_us"]) == 2 and len(result["small_gemm_us_one_thread"]) == 2
+    assert all(v > 0 for v in result["small_gemm_us"] + result["small_gemm_us_one_thread"])
+
+
+def test_the_host_probe_restores_the_thread_count(bench):
+    import torch
+
+    before = torch.get_num_threads()
+    probe = bench.small_gemm_us(calls=50)
+    assert set(probe) == {"threads", "one_thread"}
+    assert probe["threads"] > 0 and probe["one_thread"] > 0
+    assert torch.get_num_threads() == before

@@ -2,9 +2,11 @@
 
 On a CPU, torch splits many kernels across its thread pool; for small tensors the pool's fork/join
 costs more than the arithmetic. Measured on the 2-core development machine: a 128x64x16 ``mm``
-takes ~4.9 us on one thread and ~8 us on two, and one optimizer step over eight rank-16 tiny-model
-adapters (240 small tensors) 3.1 ms instead of 3.8 ms. ``one_thread(True)`` drops to one thread for
-the block and restores the previous count; it is cheap (~0.1 us) and affects only performance.
+takes ~4.9 us on one thread and ~8 us on two (~4.9 us on two when the VM's second vCPU answers
+the pool promptly, which it does only at times; see docs/performance.md), and one optimizer step
+over eight rank-16 tiny-model adapters (240 small tensors) 3.1 ms instead of 3.8 ms.
+``one_thread(True)`` drops to one thread for the block and restores the previous count; it is
+cheap (~0.1 us) and affects only performance.
 """
 
 from __future__ import annotations
