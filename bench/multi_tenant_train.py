@@ -42,6 +42,7 @@ from peft import LoraConfig  # noqa: E402
 
 from twinkle.model import MultiLoraTransformersModel  # noqa: E402
 from twinkle.model.memory import keep_freed_memory  # noqa: E402
+from twinkle.model.threads import one_thread  # noqa: E402
 
 MODELS = ("tiny://qwen3.5", "tiny://qwen3.5-25m")
 TENANTS = (1, 2, 4, 8)
@@ -181,16 +182,14 @@ def small_gemm_us(calls: int = 1000) -> dict[str, float]:
     """
     x, a = torch.randn(128, 64), torch.randn(16, 64)
     out: dict[str, float] = {}
-    threads = torch.get_num_threads()
-    for label, n in (("threads", threads), ("one_thread", 1)):
-        torch.set_num_threads(n)
-        for _ in range(calls // 5):
-            torch.mm(x, a.t())
-        start = time.perf_counter()
-        for _ in range(calls):
-            torch.mm(x, a.t())
-        out[label] = round((time.perf_counter() - start) / calls * 1e6, 2)
-    torch.set_num_threads(threads)
+    for label in ("threads", "one_thread"):
+        with one_thread(label == "one_thread"):
+            for _ in range(calls // 5):
+                torch.mm(x, a.t())
+            start = time.perf_counter()
+            for _ in range(calls):
+                torch.mm(x, a.t())
+            out[label] = round((time.perf_counter() - start) / calls * 1e6, 2)
     return out
 
 
