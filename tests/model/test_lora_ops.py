@@ -115,3 +115,67 @@ def test_torch_dropout_draws_the_same_masks_as_the_loop():
     for g, ref in zip(grads, ref_grads):
         torch.testing.assert_close(g, ref, rtol=1e-6, atol=1e-6)
     assert not torch.allclose(out[:2], plain_out[:2])  # the mask did something on segment 0
+
+
+# ------------------------------------------------------------------ direct weight gradients
+def _direct_run(layout, shape, start_grads):
+    """Forward and backward inside ``direct_weight_grads`` with every weight's ``.grad`` set
+    to ``start_grads(weight)`` first; returns the output and ``[x.grad, weight grads...]``."""
+    from twinkle.model.lora.torch_kernel import direct_weight_grads
+
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    x.requires_grad_(True)
+    segs = _segments(layout)
+    weights = [t for s in segs for t in (s.lora_A, s.lora_B)]
+    for w in weights:
+        w.grad = start_grads(w)
+    with direct_weight_grads():
+        out = segmented_lora_reference(x, segs, OUT)
+    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    (out * weight).sum().backward()
+    return out.detach(), [x.grad] + [w.grad for w in weights]
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_direct_weight_grads_equal_autograds(name):
+    layout, shape = LAYOUTS[name]
+    ref_out, ref_grads = _run(segmented_lora_reference, layout, shape)
+    out, grads = _direct_run(layout, shape, torch.zeros_like)
+    assert torch.equal(out, ref_out)
+    for g, ref in zip(grads, ref_grads):
+        assert torch.equal(g, ref)  # the same additions: bit for bit
+
+
+def test_direct_weight_grads_add_to_what_the_grads_held():
+    layout, shape = LAYOUTS["mixed ranks"]
+    _, ref_grads = _run(segmented_lora_reference, layout, shape)
+    _, grads = _direct_run(layout, shape, torch.ones_like)
+    for g, ref in zip(grads[1:], ref_grads[1:]):
+        torch.testing.assert_close(g, ref + 1.0, rtol=0, atol=1e-12)
+
+
+def test_direct_weight_grads_without_a_grad_buffer_is_a_clear_error():
+    layout, shape = LAYOUTS["uniform, contiguous"]
+    with pytest.raises(RuntimeError, match="no .grad to add"):
+        _direct_run(layout, shape, lambda w: None)
+
+
+def test_direct_weight_grads_reach_weights_when_the_input_needs_no_grad():
+    """The first adapted layer's input does not require grad: the anchor keeps the op in the
+    graph, so the weights still get their gradients."""
+    from twinkle.model.lora.torch_kernel import direct_anchor, direct_weight_grads
+
+    layout, shape = LAYOUTS["uniform, contiguous"]
+    segs = _segments(layout)
+    for s in segs:
+        s.lora_A.grad, s.lora_B.grad = torch.zeros_like(s.lora_A), torch.zeros_like(s.lora_B)
+    x = torch.randn(*shape, dtype=torch.float64)
+    with direct_weight_grads():
+        assert direct_anchor() is not None
+        out = segmented_lora_reference(x, segs, OUT)
+    assert direct_anchor() is None
+    assert out.requires_grad
+    out.sum().backward()
+    assert all(float(s.lora_B.grad.abs().sum()) > 0 for s in segs)
+    with torch.no_grad(), direct_weight_grads():  # no graph: the plain path, nothing to add
+        assert not segmented_lora_reference(x, segs, OUT).requires_grad

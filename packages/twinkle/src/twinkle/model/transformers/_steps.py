@@ -3,6 +3,7 @@ tenants, apply each tenant's own loss to its own rows, backpropagate once."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -10,6 +11,7 @@ import numpy as np
 import torch
 
 from twinkle.model.lora import RowRoute
+from twinkle.model.lora.torch_kernel import direct_weight_grads
 from twinkle.model.metrics import MetricAccumulator
 from twinkle.model.tenant import Tenant
 from twinkle.model.transformers.batch import (
@@ -250,14 +252,17 @@ def fused_forward_backward(model, requests: dict[str, dict[str, Any]]) -> dict[s
         if "inputs" not in request:
             raise ValueError(f"request for adapter {name!r} has no 'inputs'")
         states.append(collate(model, tenant, request.pop("inputs"), request))
-    forward_states(model, states, grad=True)
+    tenants = [model.tenants[state.tenant] for state in states]
+    # Where every tenant's .grad already is its flat buffer (from its previous steps) the layers
+    # add their weight gradients to it themselves, outside autograd (see direct_weight_grads).
+    with direct_weight_grads() if _direct_grads_ok(tenants) else nullcontext():
+        forward_states(model, states, grad=True)
     total = None
-    for state in states:
-        tenant = model.tenants[state.tenant]
+    for state, tenant in zip(states, tenants):
         compute_loss(model, tenant, state, state.loss_kwargs)
         scaled = state.loss_output.loss / tenant.gradient_accumulation_steps
         total = scaled if total is None else total + scaled
-    attach_grads([model.tenants[state.tenant] for state in states])
+    attach_grads(tenants)  # not earlier: a request that fails leaves .grad as it was
     total.backward()
     for state in states:
         record_train_metrics(model.tenants[state.tenant], state)
@@ -269,6 +274,22 @@ def attach_grads(tenants: list[Tenant]) -> None:
     for tenant in tenants:
         if tenant.flat is not None:
             tenant.flat.attach_grads()
+
+
+# Off only to measure (bench/direct_grads.py) or test what autograd's own accumulation gives.
+DIRECT_WEIGHT_GRADS = True
+
+
+def _direct_grads_ok(tenants: list[Tenant]) -> bool:
+    """Whether the step may use ``direct_weight_grads``: every tenant's ``.grad`` already is its
+    flat buffer (attached at its first backward and kept by ``zero_grad``) and no adapter weight
+    carries a gradient hook, which only autograd's ``AccumulateGrad`` would run."""
+    return DIRECT_WEIGHT_GRADS and all(
+        tenant.flat is not None
+        and tenant.flat.owns_grads()
+        and not any(p._backward_hooks or p._post_accumulate_grad_hooks for p in tenant.params)
+        for tenant in tenants
+    )
 
 
 def record_metrics(accumulator: MetricAccumulator, state: ForwardState) -> None:

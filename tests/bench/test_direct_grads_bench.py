@@ -1,0 +1,38 @@
+"""Keep bench/direct_grads.py (the direct weight gradients A/B) from rotting."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(BENCH_DIR))  # it imports multi_tenant_train as a sibling
+    try:
+        spec = importlib.util.spec_from_file_location("direct_grads", BENCH_DIR / "direct_grads.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCH_DIR))
+    return module
+
+
+def test_both_settings_give_bit_identical_gradients(bench):
+    assert bench.gradients_equal("tiny://qwen3", (8, 16)) is True
+
+
+def test_a_point_reports_both_settings_and_restores_the_default(bench):
+    from twinkle.model.transformers import _steps
+
+    line = bench.run_point("tiny://qwen3", (16, 16), batch=1, rounds=2)
+    assert line["tenants"] == 2 and line["rounds"] == 2
+    for key in ("fused_ms_direct", "fused_ms_autograd", "limit_ms_direct", "limit_ms_autograd"):
+        assert line[key] > 0
+    assert line["fused_vs_limit_direct"] == round(
+        line["limit_ms_direct"] / line["fused_ms_direct"], 3
+    )
+    assert _steps.DIRECT_WEIGHT_GRADS is True
