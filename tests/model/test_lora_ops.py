@@ -171,9 +171,11 @@ def test_direct_weight_grads_reach_weights_when_the_input_needs_no_grad():
         s.lora_A.grad, s.lora_B.grad = torch.zeros_like(s.lora_A), torch.zeros_like(s.lora_B)
     x = torch.randn(*shape, dtype=torch.float64)
     with direct_weight_grads():
-        assert direct_anchor() is not None
+        anchor = direct_anchor(x.device)
+        assert anchor is not None and anchor.requires_grad
+        assert direct_anchor(x.device) is anchor  # one per device for the whole block
         out = segmented_lora_reference(x, segs, OUT)
-    assert direct_anchor() is None
+    assert direct_anchor(x.device) is None
     assert out.requires_grad
     out.sum().backward()
     assert all(float(s.lora_B.grad.abs().sum()) > 0 for s in segs)

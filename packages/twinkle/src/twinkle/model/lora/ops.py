@@ -58,7 +58,7 @@ def segmented_lora_reference(
         return x.new_zeros(out_shape)
     masks = _dropout_masks(x, plan.segments) if plan.dropout else (None,) * len(plan.segments)
     x2d = x.reshape(-1, x.shape[-1])
-    anchor = direct_anchor() if torch.is_grad_enabled() else None
+    anchor = direct_anchor(x.device) if torch.is_grad_enabled() else None
     if anchor is None:
         out = SegmentedLora.apply(x2d, plan, masks, False, *plan.weights)
     else:  # inside direct_weight_grads: backward adds the weight gradients to .grad itself

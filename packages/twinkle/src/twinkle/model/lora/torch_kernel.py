@@ -253,17 +253,24 @@ def direct_weight_grads():
     sees nothing, and must not be used on it). ``_steps.fused_forward_backward`` checks this
     and enters the block only when it holds.
     """
-    previous = getattr(_direct, "anchor", None)
-    _direct.anchor = torch.empty(0, requires_grad=True)
+    previous = getattr(_direct, "anchors", None)
+    _direct.anchors = {}  # one per device, made at its first use in the block
     try:
         yield
     finally:
-        _direct.anchor = previous
+        _direct.anchors = previous
 
 
-def direct_anchor() -> torch.Tensor | None:
-    """The anchor of the enclosing :func:`direct_weight_grads` block on this thread, or None."""
-    return getattr(_direct, "anchor", None)
+def direct_anchor(device: torch.device) -> torch.Tensor | None:
+    """The anchor on ``device`` of the enclosing :func:`direct_weight_grads` block on this
+    thread, or None outside such a block."""
+    anchors = getattr(_direct, "anchors", None)
+    if anchors is None:
+        return None
+    anchor = anchors.get(device)
+    if anchor is None:
+        anchor = anchors[device] = torch.empty(0, device=device, requires_grad=True)
+    return anchor
 
 
 def _add_to_weight_grads(weights: tuple[torch.Tensor, ...], grads: list) -> None:
