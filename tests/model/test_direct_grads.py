@@ -98,3 +98,18 @@ def test_a_failing_request_after_direct_steps_leaves_gradients_as_they_were():
     for name in NAMES:
         for p, g in zip(model.tenants[name].params, before[name]):
             assert torch.equal(p.grad, g)
+
+
+def test_a_frozen_weight_sends_the_step_back_to_autograd(monkeypatch):
+    model = _model()
+    _train(model, 1)
+    frozen = model.tenants["a"].params[0]
+    frozen.requires_grad_(False)
+    before = frozen.grad.clone()
+    trained = model.tenants["a"].params[1]
+    trained_before = trained.grad.clone()
+    calls = _count_direct_adds(monkeypatch)
+    model.forward_backward_many(_requests(1))
+    assert calls == []
+    assert torch.equal(frozen.grad, before)  # autograd leaves a frozen weight alone
+    assert not torch.equal(trained.grad, trained_before)  # and accumulates into the others

@@ -241,7 +241,7 @@ def direct_weight_grads():
 
     With the weights as autograd inputs, every layer call costs autograd an edge and an
     ``AccumulateGrad`` node per weight (two per tenant): on the tiny model with 8 tenants at
-    B=1 that was about 0.6-0.9 ms of a 33 ms step. Inside the block the op takes one shared
+    B=1 that was 0.7-1.2 ms of a 33-42 ms step (``bench/direct_grads.py``). Inside the block the op takes one shared
     ``anchor`` (a leaf that requires grad, so that outputs require grad even where ``x`` does
     not) in place of the weights, and its backward adds every weight's gradient with one
     ``_foreach_add_``: the same ``grad += new`` that ``AccumulateGrad`` does, so the gradients

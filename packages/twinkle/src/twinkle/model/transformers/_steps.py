@@ -282,12 +282,15 @@ DIRECT_WEIGHT_GRADS = True
 
 def _direct_grads_ok(tenants: list[Tenant]) -> bool:
     """Whether the step may use ``direct_weight_grads``: every tenant's ``.grad`` already is its
-    flat buffer (attached at its first backward and kept by ``zero_grad``) and no adapter weight
-    carries a gradient hook, which only autograd's ``AccumulateGrad`` would run."""
+    flat buffer (attached at its first backward and kept by ``zero_grad``), and no adapter weight
+    is frozen or carries a gradient hook (which only autograd's ``AccumulateGrad`` would run)."""
     return DIRECT_WEIGHT_GRADS and all(
         tenant.flat is not None
         and tenant.flat.owns_grads()
-        and not any(p._backward_hooks or p._post_accumulate_grad_hooks for p in tenant.params)
+        and not any(
+            not p.requires_grad or p._backward_hooks or p._post_accumulate_grad_hooks
+            for p in tenant.params
+        )
         for tenant in tenants
     )
 
