@@ -44,13 +44,7 @@ def gradients_equal(model_id: str, ranks: tuple[int, ...]) -> bool:
 
 
 def run_point(model_id: str, ranks: tuple[int, ...], batch: int, rounds: int) -> dict:
-    model = mtt.MultiLoraTransformersModel(model_id)
-    names = mtt.tenant_names(len(ranks))
-    for name, rank in zip(names, ranks):
-        mtt.add_tenant(model, name, rank)
-    mtt.add_tenant(model, mtt.LIMIT, round(sum(ranks) / len(ranks)))
-    batches = {n: mtt.make_batch(batch, mtt.SEQ, seed=i) for i, n in enumerate(names)}
-    concatenated = {k: torch.cat([b[k] for b in batches.values()]) for k in batches[names[0]]}
+    model, batches, concatenated = mtt.setup_point(mtt.Point(model_id, ranks, batch))
     modes = {
         ("fused", True): lambda: mtt.step_fused(model, batches),
         ("limit", True): lambda: mtt.step_limit(model, concatenated),

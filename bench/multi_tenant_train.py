@@ -193,18 +193,24 @@ def small_gemm_us(calls: int = 1000) -> dict[str, float]:
     return out
 
 
-def run_point(
-    point: Point, warmup: int, steps: int | None, budget_seconds: float = 10.0
-) -> dict[str, Any]:
-    """Measure one point; ``steps=None`` picks 15-60 timed rounds to fill ``budget_seconds``."""
+def setup_point(point: Point) -> tuple[MultiLoraTransformersModel, dict[str, dict], dict]:
+    """A model with the point's tenants and the ``limit`` adapter (rank: the tenants' mean),
+    each tenant's batch, and those batches concatenated (``limit``'s input)."""
     model = MultiLoraTransformersModel(point.model)
     names = tenant_names(point.tenants)
     for name, rank in zip(names, point.ranks):
         add_tenant(model, name, rank)
-    limit_rank = round(sum(point.ranks) / len(point.ranks))
-    add_tenant(model, LIMIT, limit_rank)
+    add_tenant(model, LIMIT, round(sum(point.ranks) / len(point.ranks)))
     batches = {name: make_batch(point.batch, point.seq, seed=i) for i, name in enumerate(names)}
     concatenated = {k: torch.cat([b[k] for b in batches.values()]) for k in batches[names[0]]}
+    return model, batches, concatenated
+
+
+def run_point(
+    point: Point, warmup: int, steps: int | None, budget_seconds: float = 10.0
+) -> dict[str, Any]:
+    """Measure one point; ``steps=None`` picks 15-60 timed rounds to fill ``budget_seconds``."""
+    model, batches, concatenated = setup_point(point)
     modes = {
         "fused": lambda: step_fused(model, batches),
         "sliced": lambda: step_sliced(model, batches),

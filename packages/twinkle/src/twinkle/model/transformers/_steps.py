@@ -255,14 +255,18 @@ def fused_forward_backward(model, requests: dict[str, dict[str, Any]]) -> dict[s
     tenants = [model.tenants[state.tenant] for state in states]
     # Where every tenant's .grad already is its flat buffer (from its previous steps) the layers
     # add their weight gradients to it themselves, outside autograd (see direct_weight_grads).
-    with direct_weight_grads() if _direct_grads_ok(tenants) else nullcontext():
+    direct = _direct_grads_ok(tenants)
+    with direct_weight_grads() if direct else nullcontext():
         forward_states(model, states, grad=True)
     total = None
     for state, tenant in zip(states, tenants):
         compute_loss(model, tenant, state, state.loss_kwargs)
         scaled = state.loss_output.loss / tenant.gradient_accumulation_steps
         total = scaled if total is None else total + scaled
-    attach_grads(tenants)  # not earlier: a request that fails leaves .grad as it was
+    # Attached here, not before the forward, so that a request that fails leaves .grad as it
+    # was; a direct pass found them attached already.
+    if not direct:
+        attach_grads(tenants)
     total.backward()
     for state in states:
         record_train_metrics(model.tenants[state.tenant], state)
