@@ -152,6 +152,51 @@ def test_frozen_weights_and_input_without_grad():
     assert segs[0].lora_B.grad is None and x.grad is None
 
 
+def _direct_triton(x, segs, grad_out, start_grads):
+    """Forward and backward inside ``direct_weight_grads``, each weight's ``.grad`` set to
+    ``start_grads(weight)`` first; returns (y, dx, [dA_0, dB_0, ...], anchor's grad)."""
+    from twinkle.model.lora.torch_kernel import direct_anchor, direct_weight_grads
+
+    xl = x.detach().clone().requires_grad_()
+    leaves = []
+    for s in segs:
+        a = s.lora_A.detach().clone().requires_grad_()
+        b = s.lora_B.detach().clone().requires_grad_()
+        a.grad, b.grad = start_grads(a), start_grads(b)
+        leaves.append(LoraSegment(s.start, s.end, a, b, s.scaling))
+    with direct_weight_grads():
+        y = segmented_lora_triton(xl, leaves, OUT)
+        anchor = direct_anchor(x.device)
+    y.backward(grad_out)
+    return y.detach(), xl.grad, [w.grad for s in leaves for w in (s.lora_A, s.lora_B)], anchor.grad
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_direct_weight_grads_equal_autograds(case):
+    """Inside direct_weight_grads the Triton path adds the weight gradients to .grad itself:
+    bit for bit what autograd accumulates, on top of what .grad held."""
+    shape, spans = CASES[case]
+    x, segs = _make(shape, spans, torch.float32, _device())
+    gen = torch.Generator().manual_seed(5)
+    grad_out = torch.randn(*shape, OUT, generator=gen).to(x.device)
+    ref = _run(segmented_lora_triton, x, segs, OUT, grad_out)
+    y, dx, grads, anchor_grad = _direct_triton(x, segs, grad_out, torch.zeros_like)
+    assert torch.equal(y, ref[0]) and torch.equal(dx, ref[1])
+    for got, want in zip(grads, ref[2:]):
+        assert torch.equal(got, want)
+    assert anchor_grad is None  # the anchor only carries the graph
+    _, _, on_ones, _ = _direct_triton(x, segs, grad_out, torch.ones_like)
+    for got, want in zip(on_ones, ref[2:]):
+        assert torch.equal(got, want + 1)
+
+
+def test_direct_weight_grads_without_a_grad_buffer_is_a_clear_error():
+    x, segs = _make((20,), [(0, 10, 8), (12, 20, 16)], torch.float32, _device())
+    grad_out = torch.ones(20, OUT, device=x.device)
+    with pytest.raises(RuntimeError, match="no .grad to add"):
+        _direct_triton(x, segs, grad_out, lambda w: None)
+
+
 def test_no_segments_and_empty_segments_give_zeros():
     x, segs = _make((6, 3), [(2, 2, 8)], torch.float32, _device())
     for s in ([], segs):

@@ -35,13 +35,13 @@ def _requests(step: int) -> dict:
 
 def _count_direct_adds(monkeypatch) -> list:
     calls = []
-    original = torch_kernel._add_to_weight_grads
+    original = torch_kernel.add_weight_grads
 
     def spy(weights, grads):
         calls.append(len(weights))
         original(weights, grads)
 
-    monkeypatch.setattr(torch_kernel, "_add_to_weight_grads", spy)
+    monkeypatch.setattr(torch_kernel, "add_weight_grads", spy)
     return calls
 
 

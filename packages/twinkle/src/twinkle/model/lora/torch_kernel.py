@@ -200,7 +200,7 @@ class SegmentedLora(torch.autograd.Function):
             if grad_x_g is not None and plan.dropout:
                 _apply_masks_to_grad(grad_x_g, group, masks)
         if ctx.direct:
-            _add_to_weight_grads(plan.weights, grads)
+            add_weight_grads(plan.weights, grads)
             return (grad_x, None, None, None, None)  # None: the anchor gets no gradient
         return (grad_x, None, None, None, *grads)
 
@@ -273,7 +273,10 @@ def direct_anchor(device: torch.device) -> torch.Tensor | None:
     return anchor
 
 
-def _add_to_weight_grads(weights: tuple[torch.Tensor, ...], grads: list) -> None:
+def add_weight_grads(weights: tuple[torch.Tensor, ...], grads: list) -> None:
+    """``w.grad += g`` for every weight and gradient, with one ``_foreach_add_``: what a
+    backward inside :func:`direct_weight_grads` does instead of autograd's ``AccumulateGrad``
+    (the torch path here and the Triton path in ``triton_ops``)."""
     targets = [w.grad for w in weights]
     if any(t is None for t in targets):
         raise RuntimeError(

@@ -24,7 +24,9 @@ Kernels (both accumulate in fp32):
   ``dx = dh @ A_k``.
 
 The weight gradients (``dA_k = dh_k.T @ x_k``, ``dB_k = s_k dy_k.T @ h_k``) are one torch matmul per
-segment on views of the saved buffers (cuBLAS, fp32 accumulation), not Triton.
+segment on views of the saved buffers (cuBLAS, fp32 accumulation), not Triton. Inside
+``direct_weight_grads`` (the training step's passes) they are added to the weights' ``.grad`` with
+one ``_foreach_add_`` instead of going back through autograd, exactly as on the torch path.
 
 Dropout is applied in torch, per segment, before the kernels (in segment order, as the reference does,
 so a seeded run draws the same masks); autograd keeps the mask through torch, so the custom function
@@ -43,6 +45,7 @@ from dataclasses import dataclass
 import torch
 
 from twinkle.model.lora.ops import LoraSegment
+from twinkle.model.lora.torch_kernel import add_weight_grads, direct_anchor
 
 try:  # pragma: no cover - depends on the environment
     import triton
@@ -358,10 +361,23 @@ _A_OFF, _B_OFF = 3, 4
 
 
 class _SegmentedLoraFn(torch.autograd.Function):
-    """``y = segmented LoRA(x2d)`` with inputs ``(x2d, plan, A_0, B_0, A_1, B_1, ...)``."""
+    """``y = segmented LoRA(x2d)``.
+
+    Inputs ``(x2d, plan, None, A_0, B_0, A_1, B_1, ...)``: autograd accumulates the weights'
+    gradients. Or, inside :func:`~twinkle.model.lora.torch_kernel.direct_weight_grads`,
+    ``(x2d, plan, (A_0, B_0, ...), anchor)``: the weights are not autograd inputs and backward
+    adds their gradients to their ``.grad`` itself (as the torch path does).
+    """
 
     @staticmethod
-    def forward(ctx, x2d: torch.Tensor, plan: _Plan, *weights: torch.Tensor) -> torch.Tensor:
+    def forward(
+        ctx,
+        x2d: torch.Tensor,
+        plan: _Plan,
+        direct: tuple[torch.Tensor, ...] | None,
+        *inputs: torch.Tensor,
+    ) -> torch.Tensor:
+        weights = direct if direct is not None else inputs
         dtype = x2d.dtype
         a_list, b_list = weights[0::2], weights[1::2]
         a_flat = torch.cat([a.detach().to(dtype).reshape(-1) for a in a_list])
@@ -372,7 +388,7 @@ class _SegmentedLoraFn(torch.autograd.Function):
         if plan.n_blocks:
             _shrink(plan, x2d, a_flat, _A_OFF, h, rank_major=True, scale=False)
             _expand(plan, h, b_flat, _B_OFF, y, rank_major=False, scale=True)
-        ctx.plan = plan
+        ctx.plan, ctx.direct = plan, direct
         ctx.weight_dtypes = [w.dtype for w in weights]
         ctx.save_for_backward(x2d, h, a_flat, b_flat)
         return y
@@ -394,8 +410,9 @@ class _SegmentedLoraFn(torch.autograd.Function):
         for k, r in enumerate(plan.ranks):
             ts, te, ho = plan.tok_start[k], plan.tok_end[k], plan.h_off[k]
             n = te - ts
-            need_a = ctx.needs_input_grad[2 + 2 * k]
-            need_b = ctx.needs_input_grad[3 + 2 * k]
+            # direct: every weight gets its gradient (the caller attached every .grad)
+            need_a = ctx.direct is not None or ctx.needs_input_grad[3 + 2 * k]
+            need_b = ctx.direct is not None or ctx.needs_input_grad[4 + 2 * k]
             da = db = None
             if need_a:
                 dh_k = dh[ho : ho + n * r].view(n, r).to(x2d.dtype)
@@ -404,7 +421,10 @@ class _SegmentedLoraFn(torch.autograd.Function):
                 h_k = h[ho : ho + n * r].view(n, r).to(dy.dtype)
                 db = (dy[ts:te].t() @ h_k).mul_(plan.scales[k]).to(ctx.weight_dtypes[2 * k + 1])
             grads.extend([da, db])
-        return (dx, None, *grads)
+        if ctx.direct is not None:
+            add_weight_grads(ctx.direct, grads)
+            return (dx, None, None, None)  # None: the anchor gets no gradient
+        return (dx, None, None, *grads)
 
 
 def _validate(x: torch.Tensor, segments: Sequence[LoraSegment], out_features: int) -> None:
@@ -486,5 +506,9 @@ def segmented_lora_triton(
     weights: list[torch.Tensor] = []
     for seg in active:
         weights.extend([seg.lora_A, seg.lora_B])
-    y = _SegmentedLoraFn.apply(x2d, plan, *weights)
+    anchor = direct_anchor(x.device) if torch.is_grad_enabled() else None
+    if anchor is None:
+        y = _SegmentedLoraFn.apply(x2d, plan, None, *weights)
+    else:  # inside direct_weight_grads: backward adds the weight gradients to .grad itself
+        y = _SegmentedLoraFn.apply(x2d, plan, tuple(weights), anchor)
     return y.reshape(out_shape)
