@@ -248,6 +248,9 @@ def run_point(
         "limit_tps": round(tps["limit"], 1),
         "fused_vs_limit": round(tps["fused"] / tps["limit"], 3),
         "fused_vs_sliced": round(tps["fused"] / tps["sliced"], 3),
+        # what fused_vs_sliced would be if fused reached limit: the base model's own gain from
+        # one wide pass over N narrow ones on this machine
+        "limit_vs_sliced": round(tps["limit"] / tps["sliced"], 3),
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "bytes_per_extra_tenant": round(measured),
         "adapter_state_bytes": round(theory),

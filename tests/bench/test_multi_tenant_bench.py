@@ -83,6 +83,9 @@ def test_a_point_without_a_step_count_sizes_itself(bench):
     assert result["fused_vs_limit"] == pytest.approx(
         result["fused_tps"] / result["limit_tps"], abs=2e-3
     )
+    assert result["limit_vs_sliced"] == pytest.approx(
+        result["limit_tps"] / result["sliced_tps"], abs=2e-3
+    )
     # The host probe, before and after the timed rounds.
     assert len(result["small_gemm_us"]) == 2 and len(result["small_gemm_us_one_thread"]) == 2
     assert all(v > 0 for v in result["small_gemm_us"] + result["small_gemm_us_one_thread"])
