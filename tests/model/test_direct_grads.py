@@ -1,6 +1,9 @@
 """The training step's direct weight gradients (``direct_weight_grads``) in the model: used once
 a tenant's flat gradient buffer is in place, bit-identical to autograd's accumulation, and left
-to autograd where a weight has a gradient hook."""
+to autograd where a weight has a gradient hook.
+
+The bit-equality test runs on both kernels: the torch path, and the Triton path (compiled on
+CUDA; in the Triton interpreter on the CPU, where the layers are pointed at it directly)."""
 
 import pytest
 import torch
@@ -54,7 +57,28 @@ def _train(model, steps: int) -> list[dict]:
     return results
 
 
-def test_direct_steps_equal_autograd_accumulation_bit_for_bit(monkeypatch):
+@pytest.fixture(params=["torch", "triton"])
+def kernel(request, monkeypatch):
+    """The multi-LoRA kernel every adapted layer uses in the test."""
+    if request.param == "torch":
+        monkeypatch.setenv("TWINKLE_LORA_KERNEL", "torch")  # also on CUDA
+    else:
+        pytest.importorskip("triton")
+        from twinkle.model.lora import layer, triton_ops
+
+        if not torch.cuda.is_available():  # the CPU path would never pick Triton: point at it
+            monkeypatch.setenv("TRITON_INTERPRET", "1")
+            monkeypatch.setattr(
+                layer,
+                "segmented_lora",
+                lambda x, segments, out_features, plan=None: triton_ops.segmented_lora_triton(
+                    x, segments, out_features
+                ),
+            )
+    return request.param
+
+
+def test_direct_steps_equal_autograd_accumulation_bit_for_bit(monkeypatch, kernel):
     calls = _count_direct_adds(monkeypatch)
     direct = _model()
     direct_results = _train(direct, 5)

@@ -44,8 +44,8 @@ from dataclasses import dataclass
 
 import torch
 
+from twinkle.model.lora import torch_kernel
 from twinkle.model.lora.ops import LoraSegment
-from twinkle.model.lora.torch_kernel import add_weight_grads, direct_anchor
 
 try:  # pragma: no cover - depends on the environment
     import triton
@@ -422,7 +422,7 @@ class _SegmentedLoraFn(torch.autograd.Function):
                 db = (dy[ts:te].t() @ h_k).mul_(plan.scales[k]).to(ctx.weight_dtypes[2 * k + 1])
             grads.extend([da, db])
         if ctx.direct is not None:
-            add_weight_grads(ctx.direct, grads)
+            torch_kernel.add_weight_grads(ctx.direct, grads)
             return (dx, None, None, None)  # None: the anchor gets no gradient
         return (dx, None, None, *grads)
 
@@ -506,7 +506,7 @@ def segmented_lora_triton(
     weights: list[torch.Tensor] = []
     for seg in active:
         weights.extend([seg.lora_A, seg.lora_B])
-    anchor = direct_anchor(x.device) if torch.is_grad_enabled() else None
+    anchor = torch_kernel.direct_anchor(x.device) if torch.is_grad_enabled() else None
     if anchor is None:
         y = _SegmentedLoraFn.apply(x2d, plan, None, *weights)
     else:  # inside direct_weight_grads: backward adds the weight gradients to .grad itself
