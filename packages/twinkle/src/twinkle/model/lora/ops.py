@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from twinkle.model.lora.torch_kernel import Plan, SegmentedLora, direct_anchor
+from twinkle.model.lora.torch_kernel import Plan, SegmentedLora, weight_inputs
 
 
 @dataclass(frozen=True)
@@ -57,12 +57,8 @@ def segmented_lora_reference(
     if not plan.groups:
         return x.new_zeros(out_shape)
     masks = _dropout_masks(x, plan.segments) if plan.dropout else (None,) * len(plan.segments)
-    x2d = x.reshape(-1, x.shape[-1])
-    anchor = direct_anchor(x.device) if torch.is_grad_enabled() else None
-    if anchor is None:
-        out = SegmentedLora.apply(x2d, plan, masks, False, *plan.weights)
-    else:  # inside direct_weight_grads: backward adds the weight gradients to .grad itself
-        out = SegmentedLora.apply(x2d, plan, masks, True, anchor)
+    direct, inputs = weight_inputs(plan.weights, x.device)
+    out = SegmentedLora.apply(x.reshape(-1, x.shape[-1]), plan, masks, direct, *inputs)
     return out.reshape(out_shape)
 
 

@@ -273,6 +273,16 @@ def direct_anchor(device: torch.device) -> torch.Tensor | None:
     return anchor
 
 
+def weight_inputs(
+    weights: tuple[torch.Tensor, ...], device: torch.device
+) -> tuple[bool, tuple[torch.Tensor, ...]]:
+    """``(direct, inputs)`` for a multi-LoRA autograd function (torch or Triton path): inside a
+    :func:`direct_weight_grads` block with grad enabled, ``(True, (anchor,))``, and backward adds
+    the weight gradients itself; otherwise ``(False, weights)``, for autograd to accumulate."""
+    anchor = direct_anchor(device) if torch.is_grad_enabled() else None
+    return (False, weights) if anchor is None else (True, (anchor,))
+
+
 def add_weight_grads(weights: tuple[torch.Tensor, ...], grads: list) -> None:
     """``w.grad += g`` for every weight and gradient, with one ``_foreach_add_``: what a
     backward inside :func:`direct_weight_grads` does instead of autograd's ``AccumulateGrad``

@@ -361,12 +361,12 @@ _A_OFF, _B_OFF = 3, 4
 
 
 class _SegmentedLoraFn(torch.autograd.Function):
-    """``y = segmented LoRA(x2d)``.
+    """``y = segmented LoRA(x2d)`` with ``weights = (A_0, B_0, A_1, B_1, ...)``.
 
-    Inputs ``(x2d, plan, None, A_0, B_0, A_1, B_1, ...)``: autograd accumulates the weights'
-    gradients. Or, inside :func:`~twinkle.model.lora.torch_kernel.direct_weight_grads`,
-    ``(x2d, plan, (A_0, B_0, ...), anchor)``: the weights are not autograd inputs and backward
-    adds their gradients to their ``.grad`` itself (as the torch path does).
+    ``inputs`` are the weights again, for autograd to accumulate their gradients; or, with
+    ``direct`` (see ``torch_kernel.weight_inputs``), the anchor of the enclosing
+    ``direct_weight_grads`` block, and backward adds the weight gradients to their ``.grad``
+    itself, as the torch path does.
     """
 
     @staticmethod
@@ -374,10 +374,10 @@ class _SegmentedLoraFn(torch.autograd.Function):
         ctx,
         x2d: torch.Tensor,
         plan: _Plan,
-        direct: tuple[torch.Tensor, ...] | None,
+        weights: tuple[torch.Tensor, ...],
+        direct: bool,
         *inputs: torch.Tensor,
     ) -> torch.Tensor:
-        weights = direct if direct is not None else inputs
         dtype = x2d.dtype
         a_list, b_list = weights[0::2], weights[1::2]
         a_flat = torch.cat([a.detach().to(dtype).reshape(-1) for a in a_list])
@@ -388,7 +388,7 @@ class _SegmentedLoraFn(torch.autograd.Function):
         if plan.n_blocks:
             _shrink(plan, x2d, a_flat, _A_OFF, h, rank_major=True, scale=False)
             _expand(plan, h, b_flat, _B_OFF, y, rank_major=False, scale=True)
-        ctx.plan, ctx.direct = plan, direct
+        ctx.plan, ctx.weights, ctx.direct = plan, weights, direct
         ctx.weight_dtypes = [w.dtype for w in weights]
         ctx.save_for_backward(x2d, h, a_flat, b_flat)
         return y
@@ -411,8 +411,8 @@ class _SegmentedLoraFn(torch.autograd.Function):
             ts, te, ho = plan.tok_start[k], plan.tok_end[k], plan.h_off[k]
             n = te - ts
             # direct: every weight gets its gradient (the caller attached every .grad)
-            need_a = ctx.direct is not None or ctx.needs_input_grad[3 + 2 * k]
-            need_b = ctx.direct is not None or ctx.needs_input_grad[4 + 2 * k]
+            need_a = ctx.direct or ctx.needs_input_grad[4 + 2 * k]
+            need_b = ctx.direct or ctx.needs_input_grad[5 + 2 * k]
             da = db = None
             if need_a:
                 dh_k = dh[ho : ho + n * r].view(n, r).to(x2d.dtype)
@@ -421,10 +421,10 @@ class _SegmentedLoraFn(torch.autograd.Function):
                 h_k = h[ho : ho + n * r].view(n, r).to(dy.dtype)
                 db = (dy[ts:te].t() @ h_k).mul_(plan.scales[k]).to(ctx.weight_dtypes[2 * k + 1])
             grads.extend([da, db])
-        if ctx.direct is not None:
-            torch_kernel.add_weight_grads(ctx.direct, grads)
-            return (dx, None, None, None)  # None: the anchor gets no gradient
-        return (dx, None, None, *grads)
+        if ctx.direct:
+            torch_kernel.add_weight_grads(ctx.weights, grads)
+            return (dx, None, None, None, None)  # None: the anchor gets no gradient
+        return (dx, None, None, None, *grads)
 
 
 def _validate(x: torch.Tensor, segments: Sequence[LoraSegment], out_features: int) -> None:
@@ -503,12 +503,7 @@ def segmented_lora_triton(
     in_f = x.shape[-1]
     x2d = x.reshape(-1, in_f).contiguous()
     plan = _build_plan(active, tokens_per_row, in_f, out_features, x.device, interpret)
-    weights: list[torch.Tensor] = []
-    for seg in active:
-        weights.extend([seg.lora_A, seg.lora_B])
-    anchor = torch_kernel.direct_anchor(x.device) if torch.is_grad_enabled() else None
-    if anchor is None:
-        y = _SegmentedLoraFn.apply(x2d, plan, None, *weights)
-    else:  # inside direct_weight_grads: backward adds the weight gradients to .grad itself
-        y = _SegmentedLoraFn.apply(x2d, plan, tuple(weights), anchor)
+    weights = tuple(w for seg in active for w in (seg.lora_A, seg.lora_B))
+    direct, inputs = torch_kernel.weight_inputs(weights, x.device)
+    y = _SegmentedLoraFn.apply(x2d, plan, weights, direct, *inputs)
     return y.reshape(out_shape)
