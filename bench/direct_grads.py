@@ -29,17 +29,19 @@ from twinkle.model.transformers import _steps
 def gradients_equal(model_id: str, ranks: tuple[int, ...]) -> bool:
     """Whether two accumulated fused steps give bit-identical gradients under both settings."""
     grads = {}
-    for direct in (True, False):
-        _steps.DIRECT_WEIGHT_GRADS = direct
-        model = mtt.MultiLoraTransformersModel(model_id)
-        names = mtt.tenant_names(len(ranks))
-        for name, rank in zip(names, ranks):
-            mtt.add_tenant(model, name, rank, random_b=True)
-        batches = {n: mtt.make_batch(2, 32, seed=i) for i, n in enumerate(names)}
-        for _ in range(2):  # accumulate twice
-            model.forward_backward_many({n: {"inputs": b} for n, b in batches.items()})
-        grads[direct] = [p.grad.clone() for n in names for p in model.tenants[n].params]
-    _steps.DIRECT_WEIGHT_GRADS = True
+    try:
+        for direct in (True, False):
+            _steps.DIRECT_WEIGHT_GRADS = direct
+            model = mtt.MultiLoraTransformersModel(model_id)
+            names = mtt.tenant_names(len(ranks))
+            for name, rank in zip(names, ranks):
+                mtt.add_tenant(model, name, rank, random_b=True)
+            batches = {n: mtt.make_batch(2, 32, seed=i) for i, n in enumerate(names)}
+            for _ in range(2):  # accumulate twice
+                model.forward_backward_many({n: {"inputs": b} for n, b in batches.items()})
+            grads[direct] = [p.grad.clone() for n in names for p in model.tenants[n].params]
+    finally:
+        _steps.DIRECT_WEIGHT_GRADS = True
     return all(torch.equal(a, b) for a, b in zip(grads[True], grads[False]))
 
 

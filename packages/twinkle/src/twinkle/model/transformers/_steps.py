@@ -268,8 +268,8 @@ def fused_forward_backward(model, requests: dict[str, dict[str, Any]]) -> dict[s
     if not direct:
         attach_grads(tenants)
     total.backward()
-    for state in states:
-        record_train_metrics(model.tenants[state.tenant], state)
+    for state, tenant in zip(states, tenants):
+        record_train_metrics(tenant, state)
     return {state.tenant: public_output(state) for state in states}
 
 
