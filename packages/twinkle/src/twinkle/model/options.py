@@ -1,0 +1,117 @@
+"""How a model executes its passes: the one object that holds every performance knob.
+
+A model takes an :class:`ExecutionOptions` at construction and keeps it; nothing on the hot path
+reads a module global or an environment variable. Environment variables only supply defaults, once,
+in :meth:`ExecutionOptions.from_env`. The server builds the object from the ``execution:`` block of
+a model or sampler application (see docs/server_config.md). None of these knobs changes results
+beyond floating-point summation order: they choose between equivalent implementations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+LoraKernel = Literal["auto", "torch", "triton"]
+_KERNELS = ("auto", "torch", "triton")
+_FALSE = ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class ExecutionOptions:
+    """Execution choices of one model.
+
+    Attributes:
+        lora_kernel: The multi-LoRA op's implementation. ``auto``: the Triton kernels for CUDA
+            tensors when triton imports, else torch; ``torch`` forces the torch path; ``triton``
+            asks for Triton on CUDA (CPU tensors always take the torch path).
+        direct_weight_grads: The fused step's LoRA layers add their weight gradients straight into
+            each tenant's flat gradient buffer instead of through autograd's accumulation (same
+            values; off only to measure or to debug).
+        small_gemm_one_thread: Run small CPU work (optimizer steps, gradient norms over small
+            tensors) on one intra-op thread, where the thread pool's fork/join costs more than the
+            arithmetic.
+        small_tensor_elements: Average tensor size, in elements, at or below which that rule
+            applies.
+        logprob_chunk_bytes: Size of one chunk of the log-softmax over the vocabulary on CPU
+            (bounds the peak memory of per-token log-probabilities).
+        fused_adam: Build Adam/AdamW with torch's fused kernel unless the caller asks otherwise.
+        malloc_tuning: A server replica keeps the memory it frees for the next step (glibc
+            ``mallopt``; see :mod:`twinkle.model.memory`). The library itself never changes the
+            process allocator: only a process owner (the server) applies it.
+        cpu_threads: torch intra-op threads for the process that owns the model (the server's
+            replicas); ``None`` leaves torch's own choice.
+    """
+
+    lora_kernel: LoraKernel = "auto"
+    direct_weight_grads: bool = True
+    small_gemm_one_thread: bool = True
+    small_tensor_elements: int = 32768
+    logprob_chunk_bytes: int = 2 << 20
+    fused_adam: bool = True
+    malloc_tuning: bool = True
+    cpu_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.lora_kernel not in _KERNELS:
+            raise ValueError(
+                f"lora_kernel must be one of {', '.join(_KERNELS)}, got {self.lora_kernel!r}"
+            )
+        for name in ("small_tensor_elements", "logprob_chunk_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.cpu_threads is not None and (
+            not isinstance(self.cpu_threads, int) or self.cpu_threads < 1
+        ):
+            raise ValueError(f"cpu_threads must be an integer >= 1, got {self.cpu_threads!r}")
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, **overrides: Any
+    ) -> ExecutionOptions:
+        """Defaults from the environment (read once, here), then ``overrides``.
+
+        ``TWINKLE_LORA_KERNEL`` (``auto | torch | triton``) and ``TWINKLE_MALLOC_TUNING=0`` are
+        the two variables earlier releases read on every call; they keep working as defaults.
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        kernel = env.get("TWINKLE_LORA_KERNEL", "").strip().lower()
+        if kernel:
+            values["lora_kernel"] = kernel
+        if env.get("TWINKLE_MALLOC_TUNING", "").strip().lower() in _FALSE:
+            values["malloc_tuning"] = False
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> ExecutionOptions:
+        """A copy with ``changes`` applied (validated like the constructor)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def resolve_options(options: ExecutionOptions | Mapping[str, Any] | None) -> ExecutionOptions:
+    """What a model constructor accepts: an :class:`ExecutionOptions`, a mapping of its fields
+    (as the server's YAML gives it), or ``None`` for the environment's defaults."""
+    if options is None:
+        return ExecutionOptions.from_env()
+    if isinstance(options, ExecutionOptions):
+        return options
+    if isinstance(options, Mapping):
+        known = {f.name for f in dataclasses.fields(ExecutionOptions)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown execution option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
+        return ExecutionOptions.from_env(**dict(options))
+    raise TypeError(f"options must be ExecutionOptions or a mapping, got {type(options).__name__}")
+
+
+__all__ = ["ExecutionOptions", "LoraKernel", "resolve_options"]
