@@ -36,7 +36,7 @@ def _time_ms(fn, iters: int, warmup: int = 10) -> float:
 
 def _bench(hidden: int, tokens: int, n_segments: int, iters: int, dtype: torch.dtype) -> dict:
     from twinkle.model.lora.ops import LoraSegment, segmented_lora_reference
-    from twinkle.model.lora.triton_ops import segmented_lora_triton
+    from twinkle.model.lora.triton_kernel import segmented_lora_triton
 
     dev = torch.device("cuda")
     ranks = [(8, 16, 32, 64)[i % 4] for i in range(n_segments)]
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         return 0
-    from twinkle.model.lora.triton_ops import triton_available
+    from twinkle.model.lora.triton_kernel import triton_available
 
     if not triton_available():
         print(json.dumps({"device": "cuda", "skipped": True, "reason": "triton is not installed"}))

@@ -66,9 +66,9 @@ def compile_all(arch: int) -> None:
     if "nvidia" not in triton.backends.backends:
         print(json.dumps({"skip": "this Triton build has no NVIDIA backend"}))
         return
-    from twinkle.model.lora import triton_ops
+    from twinkle.model.lora import triton_kernel
 
-    shrink, expand = triton_ops._kernels()
+    shrink, expand = triton_kernel._kernels()
     kernels = {"shrink": shrink, "expand": expand}
     for (kind, what, rank_major, scale), (dtype, dot_f32), block_r in itertools.product(
         LAUNCHES, DTYPES.items(), BLOCK_RS

@@ -1,9 +1,10 @@
 """Triton segmented multi-LoRA kernels against the torch reference (forward and every gradient).
 
 Without CUDA the kernels run in the Triton interpreter. ``TRITON_INTERPRET`` is set here before
-Triton is imported; ``triton_ops`` also decorates its kernels lazily for the setting in force at the
-first launch, so another test module that imported Triton (or ``triton_ops``) earlier in the same
-pytest process does not leave compiled-only kernels behind (checked by ``test_kernels_follow_env``).
+Triton is imported; ``triton_kernel`` also decorates its kernels lazily for the setting in force at
+the first launch, so another test module that imported Triton (or ``triton_kernel``) earlier in the
+same pytest process does not leave compiled-only kernels behind (checked by
+``test_kernels_follow_env``).
 """
 
 import os
@@ -20,9 +21,9 @@ if not _HAS_CUDA:
 
 triton = pytest.importorskip("triton")
 
-from twinkle.model.lora import triton_ops  # noqa: E402
+from twinkle.model.lora import LoraRouter, triton_kernel  # noqa: E402
 from twinkle.model.lora.ops import LoraSegment, segmented_lora_reference  # noqa: E402
-from twinkle.model.lora.triton_ops import (  # noqa: E402
+from twinkle.model.lora.triton_kernel import (  # noqa: E402
     segmented_lora_triton,
     triton_available,
 )
@@ -153,10 +154,10 @@ def test_frozen_weights_and_input_without_grad():
 
 
 def _direct_triton(x, segs, grad_out, start_grads):
-    """Forward and backward inside ``direct_weight_grads``, each weight's ``.grad`` set to
-    ``start_grads(weight)`` first; returns (y, dx, [dA_0, dB_0, ...], anchor's grad)."""
-    from twinkle.model.lora.torch_kernel import direct_anchor, direct_weight_grads
-
+    """Forward inside a router's ``direct_weight_grads`` block with its anchor, and backward,
+    each weight's ``.grad`` set to ``start_grads(weight)`` first; returns
+    (y, dx, [dA_0, dB_0, ...], anchor's grad)."""
+    router = LoraRouter()
     xl = x.detach().clone().requires_grad_()
     leaves = []
     for s in segs:
@@ -164,16 +165,16 @@ def _direct_triton(x, segs, grad_out, start_grads):
         b = s.lora_B.detach().clone().requires_grad_()
         a.grad, b.grad = start_grads(a), start_grads(b)
         leaves.append(LoraSegment(s.start, s.end, a, b, s.scaling))
-    with direct_weight_grads():
-        y = segmented_lora_triton(xl, leaves, OUT)
-        anchor = direct_anchor(x.device)
+    with router.direct_weight_grads():
+        anchor = router.anchor(x.device)
+        y = segmented_lora_triton(xl, leaves, OUT, anchor=anchor)
     y.backward(grad_out)
     return y.detach(), xl.grad, [w.grad for s in leaves for w in (s.lora_A, s.lora_B)], anchor.grad
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_direct_weight_grads_equal_autograds(case):
-    """Inside direct_weight_grads the Triton path adds the weight gradients to .grad itself:
+    """Given an anchor the Triton path adds the weight gradients to .grad itself:
     bit for bit what autograd accumulates, on top of what .grad held."""
     shape, spans = CASES[case]
     x, segs = _make(shape, spans, torch.float32, _device())
@@ -226,9 +227,9 @@ def test_kernels_follow_env(monkeypatch):
     from triton.runtime.interpreter import InterpretedFunction
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert all(isinstance(k, InterpretedFunction) for k in triton_ops._kernels())
+    assert all(isinstance(k, InterpretedFunction) for k in triton_kernel._kernels())
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    assert not any(isinstance(k, InterpretedFunction) for k in triton_ops._kernels())
+    assert not any(isinstance(k, InterpretedFunction) for k in triton_kernel._kernels())
 
 
 def test_triton_available_and_missing_triton_is_a_clear_error():
@@ -239,11 +240,11 @@ def test_triton_available_and_missing_triton_is_a_clear_error():
         sys.modules["triton"] = None  # make "import triton" fail
         import torch
         from twinkle.model.lora.ops import LoraSegment
-        from twinkle.model.lora import triton_ops
-        assert not triton_ops.triton_available()
+        from twinkle.model.lora import triton_kernel
+        assert not triton_kernel.triton_available()
         seg = LoraSegment(0, 2, torch.zeros(4, 8), torch.zeros(8, 4), 1.0)
         try:
-            triton_ops.segmented_lora_triton(torch.zeros(2, 8), [seg], 8)
+            triton_kernel.segmented_lora_triton(torch.zeros(2, 8), [seg], 8)
         except RuntimeError as exc:
             assert "triton" in str(exc)
             print("OK")

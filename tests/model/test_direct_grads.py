@@ -1,6 +1,6 @@
-"""The training step's direct weight gradients (``direct_weight_grads``) in the model: used once
-a tenant's flat gradient buffer is in place, bit-identical to autograd's accumulation, and left
-to autograd where a weight has a gradient hook.
+"""The training step's direct weight gradients (``LoraRouter.direct_weight_grads``) in the
+model: used once a tenant's flat gradient buffer is in place, bit-identical to autograd's
+accumulation, and left to autograd where a weight has a gradient hook.
 
 The bit-equality test runs on both kernels: the torch path, and the Triton path (compiled on
 CUDA; in the Triton interpreter on the CPU, where the layers are pointed at it directly)."""
@@ -11,7 +11,7 @@ from peft import LoraConfig
 
 from tests.model.conftest import make_batch
 from twinkle.model import MultiLoraTransformersModel
-from twinkle.model.lora import MultiLoraLinear, torch_kernel
+from twinkle.model.lora import MultiLoraLinear, direct_grads, layer, ops
 from twinkle.model.transformers import _steps
 
 NAMES = ("a", "b", "c")
@@ -38,13 +38,13 @@ def _requests(step: int) -> dict:
 
 def _count_direct_adds(monkeypatch) -> list:
     calls = []
-    original = torch_kernel.add_weight_grads
+    original = direct_grads.add_weight_grads
 
     def spy(weights, grads):
         calls.append(len(weights))
         original(weights, grads)
 
-    monkeypatch.setattr(torch_kernel, "add_weight_grads", spy)
+    monkeypatch.setattr(direct_grads, "add_weight_grads", spy)
     return calls
 
 
@@ -61,20 +61,23 @@ def _train(model, steps: int) -> list[dict]:
 def kernel(request, monkeypatch):
     """The multi-LoRA kernel every adapted layer uses in the test."""
     if request.param == "torch":
-        monkeypatch.setenv("TWINKLE_LORA_KERNEL", "torch")  # also on CUDA
+
+        def op(x, segments, out_features, plan=None, *, kernel, anchor):
+            return ops.segmented_lora(
+                x, segments, out_features, plan, kernel="torch", anchor=anchor
+            )
+
     else:
         pytest.importorskip("triton")
-        from twinkle.model.lora import layer, triton_ops
+        from twinkle.model.lora import triton_kernel
 
         if not torch.cuda.is_available():  # the CPU path would never pick Triton: point at it
             monkeypatch.setenv("TRITON_INTERPRET", "1")
-            monkeypatch.setattr(
-                layer,
-                "segmented_lora",
-                lambda x, segments, out_features, plan=None: triton_ops.segmented_lora_triton(
-                    x, segments, out_features
-                ),
-            )
+
+        def op(x, segments, out_features, plan=None, *, kernel, anchor):
+            return triton_kernel.segmented_lora_triton(x, segments, out_features, anchor=anchor)
+
+    monkeypatch.setattr(layer, "segmented_lora", op)
     return request.param
 
 

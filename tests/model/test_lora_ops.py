@@ -1,9 +1,17 @@
-"""The grouped multi-LoRA path (one bmm per rank/rows group) equals the per-segment loop."""
+"""The grouped multi-LoRA path (one bmm per rank/rows group) equals the per-segment loop, and
+``segmented_lora`` dispatches by its explicit ``kernel`` argument."""
 
 import pytest
 import torch
 
-from twinkle.model.lora.ops import LoraSegment, _segmented_lora_loop, segmented_lora_reference
+from twinkle.model.lora import LoraRouter
+from twinkle.model.lora.direct_grads import new_anchor
+from twinkle.model.lora.ops import (
+    LoraSegment,
+    _segmented_lora_loop,
+    segmented_lora,
+    segmented_lora_reference,
+)
 
 IN, OUT = 24, 40
 
@@ -119,18 +127,15 @@ def test_torch_dropout_draws_the_same_masks_as_the_loop():
 
 # ------------------------------------------------------------------ direct weight gradients
 def _direct_run(layout, shape, start_grads):
-    """Forward and backward inside ``direct_weight_grads`` with every weight's ``.grad`` set
-    to ``start_grads(weight)`` first; returns the output and ``[x.grad, weight grads...]``."""
-    from twinkle.model.lora.torch_kernel import direct_weight_grads
-
+    """Forward with a direct pass's anchor and backward, every weight's ``.grad`` set to
+    ``start_grads(weight)`` first; returns the output and ``[x.grad, weight grads...]``."""
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
     x.requires_grad_(True)
     segs = _segments(layout)
     weights = [t for s in segs for t in (s.lora_A, s.lora_B)]
     for w in weights:
         w.grad = start_grads(w)
-    with direct_weight_grads():
-        out = segmented_lora_reference(x, segs, OUT)
+    out = segmented_lora_reference(x, segs, OUT, anchor=new_anchor(x.device))
     weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
     (out * weight).sum().backward()
     return out.detach(), [x.grad] + [w.grad for w in weights]
@@ -163,21 +168,59 @@ def test_direct_weight_grads_without_a_grad_buffer_is_a_clear_error():
 def test_direct_weight_grads_reach_weights_when_the_input_needs_no_grad():
     """The first adapted layer's input does not require grad: the anchor keeps the op in the
     graph, so the weights still get their gradients."""
-    from twinkle.model.lora.torch_kernel import direct_anchor, direct_weight_grads
-
     layout, shape = LAYOUTS["uniform, contiguous"]
     segs = _segments(layout)
     for s in segs:
         s.lora_A.grad, s.lora_B.grad = torch.zeros_like(s.lora_A), torch.zeros_like(s.lora_B)
     x = torch.randn(*shape, dtype=torch.float64)
-    with direct_weight_grads():
-        anchor = direct_anchor(x.device)
+    router = LoraRouter()
+    with router.direct_weight_grads():
+        anchor = router.anchor(x.device)
         assert anchor is not None and anchor.requires_grad
-        assert direct_anchor(x.device) is anchor  # one per device for the whole block
-        out = segmented_lora_reference(x, segs, OUT)
-    assert direct_anchor(x.device) is None
+        assert router.anchor(x.device) is anchor  # one per device for the whole block
+        out = segmented_lora_reference(x, segs, OUT, anchor=anchor)
+    assert router.anchor(x.device) is None
     assert out.requires_grad
     out.sum().backward()
     assert all(float(s.lora_B.grad.abs().sum()) > 0 for s in segs)
-    with torch.no_grad(), direct_weight_grads():  # no graph: the plain path, nothing to add
-        assert not segmented_lora_reference(x, segs, OUT).requires_grad
+    with torch.no_grad():  # no graph: the plain path, nothing to add
+        out = segmented_lora_reference(x, segs, OUT, anchor=new_anchor(x.device))
+        assert not out.requires_grad
+
+
+def test_router_direct_blocks_nest_and_restore():
+    router = LoraRouter()
+    device = torch.device("cpu")
+    with router.direct_weight_grads():
+        outer = router.anchor(device)
+        with router.direct_weight_grads():
+            assert router.anchor(device) is not outer  # a fresh anchor for the inner pass
+        assert router.anchor(device) is outer
+    assert router.anchor(device) is None
+
+
+# ------------------------------------------------------------------ dispatch
+@pytest.mark.parametrize("kernel", ["auto", "torch", "triton"])
+@pytest.mark.parametrize("name", ["mixed ranks", "gaps and interleaved groups"])
+def test_segmented_lora_on_cpu_equals_the_loop(kernel, name):
+    """On CPU tensors every kernel choice takes the torch kernel: the loop's values and
+    gradients."""
+    layout, shape = LAYOUTS[name]
+
+    def op(x, segs, out_features):
+        return segmented_lora(x, segs, out_features, kernel=kernel)
+
+    out, grads = _run(op, layout, shape)
+    ref_out, ref_grads = _run(_segmented_lora_loop, layout, shape)
+    torch.testing.assert_close(out, ref_out, rtol=1e-6, atol=1e-6)
+    for g, ref in zip(grads, ref_grads):
+        torch.testing.assert_close(g, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_an_unknown_kernel_is_a_value_error():
+    layout, shape = LAYOUTS["mixed ranks"]
+    x = torch.randn(*shape, dtype=torch.float64)
+    with pytest.raises(ValueError, match="kernel must be one of auto, torch, triton, got 'cuda'"):
+        segmented_lora(x, _segments(layout), OUT, kernel="cuda")
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        LoraRouter(kernel="fast")

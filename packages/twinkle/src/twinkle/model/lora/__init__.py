@@ -9,7 +9,8 @@ from twinkle.model.lora.inject import (
     resolve_target_modules,
 )
 from twinkle.model.lora.layer import LoraRouter, MultiLoraLinear, RowRoute
-from twinkle.model.lora.ops import LoraSegment, segmented_lora, segmented_lora_reference
+from twinkle.model.lora.ops import segmented_lora, segmented_lora_reference
+from twinkle.model.lora.segments import LoraSegment
 from twinkle.model.lora.spec import AdapterSpec, adapter_spec_from_config, validate_adapter_name
 
 __all__ = [

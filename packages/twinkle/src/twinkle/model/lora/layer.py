@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from twinkle.model.lora.ops import LoraSegment, build_plan, segmented_lora
+from twinkle.model.lora.direct_grads import new_anchor
+from twinkle.model.lora.ops import KERNELS, LoraSegment, Plan, build_plan, segmented_lora
 from twinkle.model.lora.spec import AdapterSpec
 
 
@@ -23,20 +24,35 @@ class RowRoute:
 
 
 class LoraRouter:
-    """Tells every :class:`MultiLoraLinear` of one model which rows use which adapter.
+    """Tells every :class:`MultiLoraLinear` of one model which rows use which adapter, and how.
 
     The model sets the routes for one forward pass; with no routes the base model runs alone
-    (that is how reference log-probabilities are computed with the adapters disabled).
+    (that is how reference log-probabilities are computed with the adapters disabled). A router
+    belongs to one model, whose passes run on one thread: the per-pass state it holds (routes,
+    direct-gradient anchors) needs no thread-local.
+
+    Args:
+        kernel: The multi-LoRA op's kernel for every layer (``auto | torch | triton``, see
+            :func:`~twinkle.model.lora.ops.segmented_lora`); a model passes its
+            ``ExecutionOptions.lora_kernel``.
+
+    Raises:
+        ValueError: An unknown ``kernel``.
     """
 
     MAX_LAYOUTS = 64  # distinct layouts remembered; layers cache their op plans per layout
 
-    def __init__(self) -> None:
+    def __init__(self, kernel: str = "auto") -> None:
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
+        self.kernel = kernel
         self.routes: tuple[RowRoute, ...] = ()
         # A number per distinct routing layout, never reused: layers key their cached plans on it.
         self.layout_id = 0
         self._layout_ids: dict[tuple[RowRoute, ...], int] = {}
         self._next_id = 1
+        # Inside direct_weight_grads: one anchor per device, made at its first use in the block.
+        self._anchors: dict[torch.device, torch.Tensor] | None = None
 
     @contextmanager
     def route(self, routes: list[RowRoute]):
@@ -54,6 +70,34 @@ class LoraRouter:
             yield
         finally:
             self.routes, self.layout_id = previous
+
+    @contextmanager
+    def direct_weight_grads(self):
+        """Layer calls inside this block add their weight gradients straight to the weights'
+        ``.grad`` (see :mod:`~twinkle.model.lora.direct_grads`).
+
+        Every layer takes this pass's anchor on its input's device (:meth:`anchor`) in place of
+        its weights as the op's autograd inputs. The caller's contract: before the forward, every
+        routed weight has a ``.grad`` to add to and no gradient hooks, and the graph is only
+        backpropagated with a plain ``.backward()``. ``_steps.fused_forward_backward`` checks
+        this and enters the block only when it holds.
+        """
+        previous = self._anchors
+        self._anchors = {}
+        try:
+            yield
+        finally:
+            self._anchors = previous
+
+    def anchor(self, device: torch.device) -> torch.Tensor | None:
+        """The anchor on ``device`` of the enclosing :meth:`direct_weight_grads` block, or None
+        outside such a block."""
+        if self._anchors is None:
+            return None
+        anchor = self._anchors.get(device)
+        if anchor is None:
+            anchor = self._anchors[device] = new_anchor(device)
+        return anchor
 
 
 class MultiLoraLinear(nn.Module):
@@ -152,8 +196,23 @@ class MultiLoraLinear(nn.Module):
             if len(self._plans) >= LoraRouter.MAX_LAYOUTS:
                 self._plans.clear()
             segments = self.segments(x.shape[0])
-            cached = self._plans[key] = (segments, build_plan(segments, x))
+            cached = self._plans[key] = (segments, build_plan(segments, x, self.out_features))
         segments, plan = cached
         if not segments:
             return out
-        return out + segmented_lora(x, segments, self.out_features, plan).to(out.dtype)
+        return out + self.lora_delta(x, segments, plan).to(out.dtype)
+
+    def lora_delta(
+        self, x: torch.Tensor, segments: list[LoraSegment], plan: Plan | None = None
+    ) -> torch.Tensor:
+        """The op over ``segments`` (from :meth:`segments`) on the router's kernel, with its
+        direct-gradient anchor when the pass has one."""
+        router = self._router
+        return segmented_lora(
+            x,
+            segments,
+            self.out_features,
+            plan,
+            kernel=router.kernel,
+            anchor=router.anchor(x.device),
+        )

@@ -2,82 +2,66 @@
 
 ``y[s:e] = scaling_k * dropout_k(x[s:e]) @ A_k.T @ B_k.T`` for each segment ``k`` covering rows
 ``s:e``; rows outside every segment get zero. Ranks may differ per segment: nothing is padded to the
-largest rank. ``segmented_lora`` picks the implementation: the Triton kernels for CUDA tensors
-(``triton_ops``), else the torch one (``torch_kernel``: one autograd node per layer call, batched
-GEMMs over same-shape segments). ``_segmented_lora_loop`` is the plain definition both are tested
-against.
+largest rank. ``segmented_lora`` dispatches to a kernel by its explicit ``kernel`` argument: the
+Triton one (``triton_kernel``) or the torch one (``torch_kernel``: one autograd node per layer
+call, batched GEMMs over same-shape segments). ``_segmented_lora_loop`` is the plain definition
+both are tested against.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import torch
 
-from twinkle.model.lora.torch_kernel import Plan, SegmentedLora, weight_inputs
+from twinkle.model.lora.segments import LoraSegment
+from twinkle.model.lora.torch_kernel import Plan, build_plan, segmented_lora_reference
+from twinkle.model.lora.triton_kernel import segmented_lora_triton, triton_available
+
+KERNELS = ("auto", "torch", "triton")
 
 
-@dataclass(frozen=True)
-class LoraSegment:
-    """Rows ``start:end`` (along dim 0) use ``lora_A`` ([r, in]) and ``lora_B`` ([out, r])."""
-
-    start: int
-    end: int
-    lora_A: torch.Tensor
-    lora_B: torch.Tensor
-    scaling: float
-    dropout: Callable[[torch.Tensor], torch.Tensor] | None = None
-
-    @property
-    def rows(self) -> int:
-        return self.end - self.start
-
-
-def segmented_lora_reference(
+def segmented_lora(
     x: torch.Tensor,
     segments: list[LoraSegment],
     out_features: int,
     plan: Plan | None = None,
+    *,
+    kernel: str = "auto",
+    anchor: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """LoRA deltas for every row of ``x`` ([rows, ..., in]) by segment; a differentiable torch path.
+    """The multi-LoRA operation on the kernel ``kernel`` names; both have the same semantics and
+    gradients.
 
     Args:
-        x: Input activations; dim 0 indexes rows (sequences).
+        x: Input activations ``[rows, ..., in]``; dim 0 indexes rows (sequences).
         segments: Non-overlapping segments sorted by ``start``.
-        out_features: Output width, for the zero rows between segments.
-        plan: ``build_plan(segments, x)``, when the caller keeps one; built here otherwise.
+        out_features: Output width.
+        plan: The torch kernel's ``build_plan(segments, x, out_features)``, when the caller keeps
+            one (the Triton kernel builds its own per call).
+        kernel: ``auto``: Triton for CUDA tensors when triton imports, else torch. ``torch``:
+            always torch. ``triton``: Triton for CUDA tensors (an error without triton), torch
+            for CPU ones.
+        anchor: A direct pass's anchor on ``x``'s device (``direct_grads``): backward adds the
+            weight gradients to their ``.grad`` itself. None: autograd accumulates them.
 
     Returns:
         A tensor shaped like ``x`` with the last dim ``out_features``.
+
+    Raises:
+        ValueError: An unknown ``kernel``, or segments that do not fit ``x``.
+        RuntimeError: ``kernel="triton"`` for a CUDA tensor without triton installed.
     """
-    plan = plan or build_plan(segments, x)
-    out_shape = (*x.shape[:-1], out_features)
-    if not plan.groups:
-        return x.new_zeros(out_shape)
-    masks = _dropout_masks(x, plan.segments) if plan.dropout else (None,) * len(plan.segments)
-    direct, inputs = weight_inputs(plan.weights, x.device)
-    out = SegmentedLora.apply(x.reshape(-1, x.shape[-1]), plan, masks, direct, *inputs)
-    return out.reshape(out_shape)
-
-
-def build_plan(segments: list[LoraSegment], x: torch.Tensor) -> Plan:
-    """How the torch path runs ``segments`` over inputs shaped like ``x``.
-
-    It depends only on the segments and ``x``'s leading shape, dtype and device, so a layer builds
-    it once per routing layout and reuses it (see ``MultiLoraLinear``).
-    """
-    tokens_per_row = math.prod(x.shape[1:-1])
-    active = [seg for seg in segments if seg.end > seg.start] if tokens_per_row else []
-    return Plan.build(active, x.shape[0], tokens_per_row, x.dtype, x.device)
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
+    if x.is_cuda and (kernel == "triton" or (kernel == "auto" and triton_available())):
+        return segmented_lora_triton(x, segments, out_features, anchor=anchor)
+    return segmented_lora_reference(x, segments, out_features, plan, anchor=anchor)
 
 
 def _segmented_lora_loop(
     x: torch.Tensor, segments: list[LoraSegment], out_features: int
 ) -> torch.Tensor:
-    """The same op, one segment at a time with plain autograd: the definition the fused paths
-    are tested against."""
+    """The same op, one segment at a time with plain autograd: the definition the kernels are
+    tested against."""
     pieces, cursor = [], 0
     for seg in segments:
         if seg.start > cursor:
@@ -93,40 +77,11 @@ def _segmented_lora_loop(
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=0)
 
 
-def _dropout_masks(x: torch.Tensor, segments) -> tuple[torch.Tensor | None, ...]:
-    """Per segment, its dropout as a multiplicative mask over its rows (None without dropout).
-
-    Dropout is elementwise ``x * mask``; drawing it on ones of the segment's shape consumes the
-    random stream exactly as ``dropout(x[s:e])`` would, so seeded runs match the loop.
-    """
-    masks = []
-    for seg in segments:
-        if seg.dropout is None:
-            masks.append(None)
-        else:
-            ones = x.new_ones((seg.rows, *x.shape[1:]))
-            masks.append(seg.dropout(ones).reshape(-1, x.shape[-1]))
-    return tuple(masks)
-
-
-def segmented_lora(
-    x: torch.Tensor,
-    segments: list[LoraSegment],
-    out_features: int,
-    plan: Plan | None = None,
-) -> torch.Tensor:
-    """The multi-LoRA operation on the best path for ``x``: the Triton kernels for CUDA tensors
-    when triton is installed (``TWINKLE_LORA_KERNEL=torch`` forces the torch path), else the torch
-    reference. Both have the same semantics and gradients."""
-    if x.is_cuda and _kernel_choice() == "triton":
-        from twinkle.model.lora.triton_ops import segmented_lora_triton, triton_available
-
-        if triton_available():
-            return segmented_lora_triton(x, segments, out_features)
-    return segmented_lora_reference(x, segments, out_features, plan)
-
-
-def _kernel_choice() -> str:
-    import os
-
-    return os.environ.get("TWINKLE_LORA_KERNEL", "triton")
+__all__ = [
+    "KERNELS",
+    "LoraSegment",
+    "Plan",
+    "build_plan",
+    "segmented_lora",
+    "segmented_lora_reference",
+]

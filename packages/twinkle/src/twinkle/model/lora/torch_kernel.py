@@ -1,4 +1,4 @@
-"""The torch implementation of the segmented multi-LoRA op: ONE autograd node per layer call.
+"""The torch kernel of the segmented multi-LoRA op: ONE autograd node per layer call.
 
 With many small tenants the cost of a multi-LoRA layer is the number of small GEMM calls and
 autograd nodes, not their arithmetic. So:
@@ -7,34 +7,82 @@ autograd nodes, not their arithmetic. So:
   adapter's gradients itself (no per-segment linear/mul/split/cat nodes);
 * consecutive segments with the same rank and row count run as one ``bmm`` per stage (2 forward,
   4 backward); a lone segment uses ``mm``; ranks are never padded;
-* every GEMM keeps torch's thread count: dropping to one thread for a layer call of small lone
-  GEMMs (an earlier rule) made the tiny model's fused mixed-rank step 3% slower, measured in one
-  process against the same step on two threads;
+* every GEMM keeps torch's thread count (one thread for a layer call of small lone GEMMs, an
+  earlier rule, was slower on the fused step; docs/performance-history.md);
 * a segment's scaling rides in the GEMMs' ``alpha`` (``addmm``/``baddbmm``) instead of a multiply
   by a Python float, which costs a scalar conversion and a kernel per call; only a group whose
   segments have different scalings multiplies by a ``[k, 1, 1]`` tensor;
 * backward unpacks four saved tensors per group (a group saves its stacked weights, not each
   segment's pair) and splits stacked gradients with one ``unbind``;
 * without dropout (the usual case) a group's rows are a plain view: no mask bookkeeping;
-* inside :func:`direct_weight_grads` (the training step's own passes) the weights are not
-  autograd inputs at all: backward adds their gradients to their ``.grad`` with ONE
-  ``_foreach_add_`` per layer call, instead of autograd running an edge and an
-  ``AccumulateGrad`` node per weight (16 per layer call with 8 tenants).
+* given an ``anchor`` (a direct pass, see ``direct_grads``) the weights are not autograd inputs
+  at all: backward adds their gradients to their ``.grad`` with ONE ``_foreach_add_`` per layer
+  call, instead of autograd running an edge and an ``AccumulateGrad`` node per weight (16 per
+  layer call with 8 tenants).
 
-Dropout is applied as each segment's multiplicative mask (``ops._dropout_masks``).
+Dropout is applied as each segment's multiplicative mask (``segments.dropout_masks``).
 """
 
 from __future__ import annotations
 
-import threading
-from contextlib import contextmanager
+import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from twinkle.model.lora.ops import LoraSegment
+from twinkle.model.lora import direct_grads
+from twinkle.model.lora.segments import LoraSegment, dropout_masks, validate_segments
+
+
+def segmented_lora_reference(
+    x: torch.Tensor,
+    segments: list[LoraSegment],
+    out_features: int,
+    plan: Plan | None = None,
+    *,
+    anchor: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """LoRA deltas for every row of ``x`` ([rows, ..., in]) by segment; the torch kernel.
+
+    Args:
+        x: Input activations; dim 0 indexes rows (sequences).
+        segments: Non-overlapping segments sorted by ``start``.
+        out_features: Output width, for the zero rows between segments.
+        plan: ``build_plan(segments, x, out_features)``, when the caller keeps one; built (and
+            the segments checked) here otherwise.
+        anchor: A direct pass's anchor on ``x``'s device (``direct_grads``): backward then adds
+            the weight gradients to their ``.grad`` itself. None: autograd accumulates them.
+
+    Returns:
+        A tensor shaped like ``x`` with the last dim ``out_features``.
+
+    Raises:
+        ValueError: Segments out of order, overlapping, out of range, or with mis-shaped weights
+            (checked when the plan is built).
+    """
+    plan = plan or build_plan(segments, x, out_features)
+    out_shape = (*x.shape[:-1], out_features)
+    if not plan.groups:
+        return x.new_zeros(out_shape)
+    masks = dropout_masks(x, plan.segments) if plan.dropout else (None,) * len(plan.segments)
+    direct, inputs = direct_grads.weight_inputs(plan.weights, anchor)
+    out = SegmentedLora.apply(x.reshape(-1, x.shape[-1]), plan, masks, direct, *inputs)
+    return out.reshape(out_shape)
+
+
+def build_plan(segments: list[LoraSegment], x: torch.Tensor, out_features: int) -> Plan:
+    """How the torch kernel runs ``segments`` over inputs shaped like ``x``, after checking them.
+
+    It depends only on the segments and ``x``'s leading shape, dtype and device, so a layer builds
+    it once per routing layout and reuses it (see ``MultiLoraLinear``).
+
+    Raises:
+        ValueError: See :func:`~twinkle.model.lora.segments.validate_segments`.
+    """
+    validate_segments(x, segments, out_features)
+    tokens_per_row = math.prod(x.shape[1:-1])
+    active = [seg for seg in segments if seg.end > seg.start] if tokens_per_row else []
+    return Plan.build(active, x.shape[0], tokens_per_row, x.dtype, x.device)
 
 
 @dataclass(frozen=True)
@@ -53,6 +101,8 @@ class Group:
 
 @dataclass(frozen=True)
 class Plan:
+    """What ``SegmentedLora`` runs for one routing layout: its non-empty segments in groups."""
+
     segments: tuple[LoraSegment, ...]  # the non-empty ones, in order
     groups: tuple[Group, ...]
     covers_all: bool  # no token outside every segment: outputs need no zero fill
@@ -114,8 +164,8 @@ class SegmentedLora(torch.autograd.Function):
     ``x`` is the flattened input ``[tokens, in]``; the weights are ``plan.weights`` (``A_0, B_0,
     A_1, B_1, ...``); ``masks`` holds each segment's dropout mask or None, and is all None unless
     ``plan.dropout``. ``inputs`` are the weights again, so that autograd accumulates their
-    gradients; or, with ``direct``, only the anchor of the enclosing :func:`direct_weight_grads`
-    block, and backward adds the weight gradients to the weights' ``.grad`` itself.
+    gradients; or, with ``direct``, only a direct pass's anchor (``direct_grads``), and backward
+    adds the weight gradients to the weights' ``.grad`` itself.
     """
 
     @staticmethod
@@ -130,7 +180,7 @@ class SegmentedLora(torch.autograd.Function):
             out_g = out[group.start : group.end]
             if group.k == 1:
                 # The scaling rides in the GEMM's alpha: a separate multiply by a Python
-                # float costs a scalar-tensor conversion and a kernel (~3 us each).
+                # float costs a scalar-tensor conversion and a kernel.
                 a, b = weights[2 * group.first], weights[2 * group.first + 1]
                 hidden = torch.mm(x_g, a.t())  # unscaled
                 torch.addmm(out_g, hidden, b.t(), beta=0, alpha=group.scalings[0], out=out_g)
@@ -200,7 +250,7 @@ class SegmentedLora(torch.autograd.Function):
             if grad_x_g is not None and plan.dropout:
                 _apply_masks_to_grad(grad_x_g, group, masks)
         if ctx.direct:
-            add_weight_grads(plan.weights, grads)
+            direct_grads.add_weight_grads(plan.weights, grads)
             return (grad_x, None, None, None, None)  # None: the anchor gets no gradient
         return (grad_x, None, None, None, *grads)
 
@@ -229,68 +279,3 @@ def _apply_masks_to_grad(grad_x_g: torch.Tensor, group: Group, masks) -> None:
     for p, m in zip(grad_x_g.chunk(group.k), group_masks):
         if m is not None:
             p.mul_(m)
-
-
-# ------------------------------------------------------------------ weight gradients without autograd
-_direct = threading.local()
-
-
-@contextmanager
-def direct_weight_grads():
-    """Layer calls inside this block add their weight gradients straight to the weights' ``.grad``.
-
-    With the weights as autograd inputs, every layer call costs autograd an edge and an
-    ``AccumulateGrad`` node per weight (two per tenant): on the tiny model with 8 tenants at
-    B=1 that was 0.7-1.2 ms of a 33-42 ms step (``bench/direct_grads.py``). Inside the block the op takes one shared
-    ``anchor`` (a leaf that requires grad, so that outputs require grad even where ``x`` does
-    not) in place of the weights, and its backward adds every weight's gradient with one
-    ``_foreach_add_``: the same ``grad += new`` that ``AccumulateGrad`` does, so the gradients
-    are bit for bit the same.
-
-    The caller's contract: before the forward, every routed weight has a ``.grad`` to add to
-    (a tenant's flat gradient buffer) and no gradient hooks, and the graph is only ever
-    backpropagated with a plain ``.backward()`` (``torch.autograd.grad`` w.r.t. the weights
-    sees nothing, and must not be used on it). ``_steps.fused_forward_backward`` checks this
-    and enters the block only when it holds.
-    """
-    previous = getattr(_direct, "anchors", None)
-    _direct.anchors = {}  # one per device, made at its first use in the block
-    try:
-        yield
-    finally:
-        _direct.anchors = previous
-
-
-def direct_anchor(device: torch.device) -> torch.Tensor | None:
-    """The anchor on ``device`` of the enclosing :func:`direct_weight_grads` block on this
-    thread, or None outside such a block."""
-    anchors = getattr(_direct, "anchors", None)
-    if anchors is None:
-        return None
-    anchor = anchors.get(device)
-    if anchor is None:
-        anchor = anchors[device] = torch.empty(0, device=device, requires_grad=True)
-    return anchor
-
-
-def weight_inputs(
-    weights: tuple[torch.Tensor, ...], device: torch.device
-) -> tuple[bool, tuple[torch.Tensor, ...]]:
-    """``(direct, inputs)`` for a multi-LoRA autograd function (torch or Triton path): inside a
-    :func:`direct_weight_grads` block with grad enabled, ``(True, (anchor,))``, and backward adds
-    the weight gradients itself; otherwise ``(False, weights)``, for autograd to accumulate."""
-    anchor = direct_anchor(device) if torch.is_grad_enabled() else None
-    return (False, weights) if anchor is None else (True, (anchor,))
-
-
-def add_weight_grads(weights: tuple[torch.Tensor, ...], grads: list) -> None:
-    """``w.grad += g`` for every weight and gradient, with one ``_foreach_add_``: what a
-    backward inside :func:`direct_weight_grads` does instead of autograd's ``AccumulateGrad``
-    (the torch path here and the Triton path in ``triton_ops``)."""
-    targets = [w.grad for w in weights]
-    if any(t is None for t in targets):
-        raise RuntimeError(
-            "direct_weight_grads: a LoRA weight has no .grad to add its gradient to; attach the "
-            "gradient buffers before the forward (see direct_weight_grads)"
-        )
-    torch._foreach_add_(targets, grads)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from twinkle.model.lora import LoraRouter, MultiLoraLinear, segmented_lora
+from twinkle.model.lora import LoraRouter, MultiLoraLinear
 from twinkle.model.megatron._build import cpu_shims
 
 
@@ -80,7 +80,8 @@ class _LoraParallelLinear(nn.Module):
     """A megatron Column/RowParallelLinear (tp 1) plus the LoRA deltas of its HF parts.
 
     Megatron activations are ``[seq, batch, hidden]``: rows (tenants' sequences) are dim 1, so the
-    input is viewed batch-first for :func:`segmented_lora` and the delta turned back.
+    input is viewed batch-first for the op (``MultiLoraLinear.lora_delta``) and the delta turned
+    back.
     """
 
     def __init__(
@@ -100,7 +101,7 @@ class _LoraParallelLinear(nn.Module):
             segments = part.segments(xb.shape[0])
             if segments:
                 any_delta = True
-                deltas.append(segmented_lora(xb, segments, part.out_features))
+                deltas.append(part.lora_delta(xb, segments))
             else:
                 deltas.append(None)
         if not any_delta:

@@ -11,7 +11,6 @@ import numpy as np
 import torch
 
 from twinkle.model.lora import RowRoute
-from twinkle.model.lora.torch_kernel import direct_weight_grads
 from twinkle.model.metrics import MetricAccumulator
 from twinkle.model.tenant import Tenant
 from twinkle.model.transformers.batch import (
@@ -254,9 +253,10 @@ def fused_forward_backward(model, requests: dict[str, dict[str, Any]]) -> dict[s
         states.append(collate(model, tenant, request.pop("inputs"), request))
     tenants = [model.tenants[state.tenant] for state in states]
     # Where every tenant's .grad already is its flat buffer (from its previous steps) the layers
-    # add their weight gradients to it themselves, outside autograd (see direct_weight_grads).
+    # add their weight gradients to it themselves, outside autograd (see
+    # LoraRouter.direct_weight_grads).
     direct = _direct_grads_ok(tenants)
-    with direct_weight_grads() if direct else nullcontext():
+    with model.router.direct_weight_grads() if direct else nullcontext():
         forward_states(model, states, grad=True)
     total = None
     for state, tenant in zip(states, tenants):

@@ -1,40 +1,45 @@
-"""Triton kernels for the segmented multi-LoRA linear (``segmented_lora_reference``'s semantics).
+"""The Triton kernel of the segmented multi-LoRA op (``segmented_lora_reference``'s semantics).
 
-``segmented_lora_triton(x, segments, out_features)`` returns, for ``x`` shaped ``[rows, ..., in]``,
-``scaling_k * dropout_k(x[s:e]) @ A_k.T @ B_k.T`` on the rows ``s:e`` of each segment ``k`` and zero
-on rows outside every segment; ranks differ per segment and nothing is padded to the largest rank.
+``segmented_lora_triton(x, segments, out_features)`` returns, for ``x`` shaped
+``[rows, ..., in]``, ``scaling_k * dropout_k(x[s:e]) @ A_k.T @ B_k.T`` on the rows ``s:e`` of each
+segment ``k`` and zero on rows outside every segment; ranks differ per segment and nothing is
+padded to the largest rank.
 
 Layout (built per call, see ``_Plan``):
 
-* ``x`` is flattened to tokens ``[N, in]``; segment ``k`` covers tokens ``[s*T, e*T)`` with ``T`` the
-  product of the middle dims.
-* ``A_flat``: every ``A_k`` ([r_k, in], row-major) one after another; ``a_off[k]`` is its first element.
+* ``x`` is flattened to tokens ``[N, in]``; segment ``k`` covers tokens ``[s*T, e*T)`` with ``T``
+  the product of the middle dims.
+* ``A_flat``: every ``A_k`` ([r_k, in], row-major) one after another; ``a_off[k]`` is its first
+  element.
 * ``B_flat``: every ``B_k`` ([out, r_k], row-major) one after another; ``b_off[k]``.
 * ``h_flat`` (fp32): the shrink result of segment ``k`` as a row-major ``[n_k, r_k]`` block at
   ``h_off[k]``, so the intermediate is not padded either.
-* Token blocks: each segment is cut into blocks of ``BLOCK_M`` tokens; block ``b`` carries its segment
-  id and first token. Blocks never straddle segments, and gap rows get no block (they stay zero).
+* Token blocks: each segment is cut into blocks of ``BLOCK_M`` tokens; block ``b`` carries its
+  segment id and first token. Blocks never straddle segments, and gap rows get no block (they stay
+  zero).
 
 Kernels (both accumulate in fp32):
 
-* ``shrink``: grid (token blocks, rank blocks). ``out[t, j] = scale? * sum_k inp[t, k] * W_k[j, k]``
-  written into a packed per-segment buffer. Forward ``h = x @ A_k.T``; backward ``dh = s_k dy @ B_k``.
-* ``expand``: grid (token blocks, output blocks). ``out[t, n] = scale? * sum_j h[t, j] * W_k[j, n]``
-  read from a packed buffer into a dense output. Forward ``y = s_k h @ B_k.T``; backward
-  ``dx = dh @ A_k``.
+* ``shrink``: grid (token blocks, rank blocks).
+  ``out[t, j] = scale? * sum_k inp[t, k] * W_k[j, k]`` written into a packed per-segment buffer.
+  Forward ``h = x @ A_k.T``; backward ``dh = s_k dy @ B_k``.
+* ``expand``: grid (token blocks, output blocks).
+  ``out[t, n] = scale? * sum_j h[t, j] * W_k[j, n]`` read from a packed buffer into a dense
+  output. Forward ``y = s_k h @ B_k.T``; backward ``dx = dh @ A_k``.
 
-The weight gradients (``dA_k = dh_k.T @ x_k``, ``dB_k = s_k dy_k.T @ h_k``) are one torch matmul per
-segment on views of the saved buffers (cuBLAS, fp32 accumulation), not Triton. Inside
-``direct_weight_grads`` (the training step's passes) they are added to the weights' ``.grad`` with
-one ``_foreach_add_`` instead of going back through autograd, exactly as on the torch path.
+The weight gradients (``dA_k = dh_k.T @ x_k``, ``dB_k = s_k dy_k.T @ h_k``) are one torch matmul
+per segment on views of the saved buffers (cuBLAS, fp32 accumulation), not Triton. Given an
+``anchor`` (a direct pass, see ``direct_grads``) they are added to the weights' ``.grad`` with one
+``_foreach_add_`` instead of going back through autograd, exactly as on the torch kernel.
 
-Dropout is applied in torch, per segment, before the kernels (in segment order, as the reference does,
-so a seeded run draws the same masks); autograd keeps the mask through torch, so the custom function
-sees already-dropped activations.
+Dropout is applied in torch, per segment, before the kernels, with the masks the torch kernel
+draws (``segments.dropout_masks``, in segment order, so a seeded run draws the same masks);
+autograd keeps the mask through torch, so the custom function sees already-dropped activations.
 
-Kernels are decorated lazily, on first use, for the current ``TRITON_INTERPRET`` setting: CPU tensors
-run through the Triton interpreter (``TRITON_INTERPRET=1``), CUDA tensors through compiled kernels.
-This module imports without Triton; ``segmented_lora_triton`` then raises ``RuntimeError``.
+Kernels are decorated lazily, on first use, for the current ``TRITON_INTERPRET`` setting: CPU
+tensors run through the Triton interpreter (``TRITON_INTERPRET=1``), CUDA tensors through compiled
+kernels. This module imports without Triton; ``segmented_lora_triton`` then raises
+``RuntimeError``.
 """
 
 import math
@@ -44,8 +49,8 @@ from dataclasses import dataclass
 
 import torch
 
-from twinkle.model.lora import torch_kernel
-from twinkle.model.lora.ops import LoraSegment
+from twinkle.model.lora import direct_grads
+from twinkle.model.lora.segments import LoraSegment, dropout_masks, validate_segments
 
 try:  # pragma: no cover - depends on the environment
     import triton
@@ -364,9 +369,8 @@ class _SegmentedLoraFn(torch.autograd.Function):
     """``y = segmented LoRA(x2d)`` with ``weights = (A_0, B_0, A_1, B_1, ...)``.
 
     ``inputs`` are the weights again, for autograd to accumulate their gradients; or, with
-    ``direct`` (see ``torch_kernel.weight_inputs``), the anchor of the enclosing
-    ``direct_weight_grads`` block, and backward adds the weight gradients to their ``.grad``
-    itself, as the torch path does.
+    ``direct`` (see ``direct_grads.weight_inputs``), a direct pass's anchor, and backward adds
+    the weight gradients to their ``.grad`` itself, as the torch kernel does.
     """
 
     @staticmethod
@@ -422,51 +426,36 @@ class _SegmentedLoraFn(torch.autograd.Function):
                 db = (dy[ts:te].t() @ h_k).mul_(plan.scales[k]).to(ctx.weight_dtypes[2 * k + 1])
             grads.extend([da, db])
         if ctx.direct:
-            torch_kernel.add_weight_grads(ctx.weights, grads)
+            direct_grads.add_weight_grads(ctx.weights, grads)
             return (dx, None, None, None, None)  # None: the anchor gets no gradient
         return (dx, None, None, None, *grads)
 
 
-def _validate(x: torch.Tensor, segments: Sequence[LoraSegment], out_features: int) -> None:
-    if x.dim() < 2:
-        raise ValueError(f"x must be [rows, ..., in]; got shape {tuple(x.shape)}")
-    rows, in_f = x.shape[0], x.shape[-1]
-    cursor = 0
-    for seg in segments:
-        if not (0 <= seg.start <= seg.end <= rows) or seg.start < cursor:
-            raise ValueError(
-                f"segments must be sorted, non-overlapping and within {rows} rows; got {seg.start}:{seg.end}"
-            )
-        cursor = seg.end
-        r = seg.lora_A.shape[0]
-        if tuple(seg.lora_A.shape) != (r, in_f) or tuple(seg.lora_B.shape) != (out_features, r):
-            raise ValueError(
-                f"segment {seg.start}:{seg.end}: lora_A {tuple(seg.lora_A.shape)} / lora_B "
-                f"{tuple(seg.lora_B.shape)} do not fit in={in_f}, out={out_features}"
-            )
-        if seg.lora_A.device != x.device or seg.lora_B.device != x.device:
-            raise ValueError("x and every segment's lora_A/lora_B must be on the same device")
-
-
-def _apply_dropout(x: torch.Tensor, segments: Sequence[LoraSegment]) -> torch.Tensor:
-    """``x`` with each segment's dropout applied to its rows (torch, differentiable)."""
-    if all(seg.dropout is None for seg in segments):
-        return x
+def _apply_dropout(
+    x2d: torch.Tensor, segments: Sequence[LoraSegment], masks, tokens_per_row: int
+) -> torch.Tensor:
+    """``x2d`` ([tokens, in]) with each segment's dropout mask (``dropout_masks``) applied to its
+    tokens, in torch: differentiable, autograd keeps the masks."""
     pieces: list[torch.Tensor] = []
     cursor = 0
-    for seg in segments:
-        if seg.start > cursor:
-            pieces.append(x[cursor : seg.start])
-        part = x[seg.start : seg.end]
-        pieces.append(seg.dropout(part) if seg.dropout is not None else part)
-        cursor = seg.end
-    if cursor < x.shape[0]:
-        pieces.append(x[cursor:])
+    for seg, mask in zip(segments, masks):
+        start, end = seg.start * tokens_per_row, seg.end * tokens_per_row
+        if start > cursor:
+            pieces.append(x2d[cursor:start])
+        part = x2d[start:end]
+        pieces.append(part if mask is None else part * mask)
+        cursor = end
+    if cursor < x2d.shape[0]:
+        pieces.append(x2d[cursor:])
     return torch.cat(pieces, dim=0)
 
 
 def segmented_lora_triton(
-    x: torch.Tensor, segments: list[LoraSegment], out_features: int
+    x: torch.Tensor,
+    segments: list[LoraSegment],
+    out_features: int,
+    *,
+    anchor: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton version of ``segmented_lora_reference``: same arguments, result and gradients.
 
@@ -474,12 +463,15 @@ def segmented_lora_triton(
         x: Input activations ``[rows, ..., in]`` (fp32, bf16 or fp16); dim 0 indexes rows.
         segments: Non-overlapping segments sorted by ``start``; ranks may differ.
         out_features: Output width.
+        anchor: A direct pass's anchor on ``x``'s device (``direct_grads``): backward then adds
+            the weight gradients to their ``.grad`` itself. None: autograd accumulates them.
 
     Returns:
         ``[rows, ..., out_features]`` in ``x``'s dtype; zero on rows outside every segment.
 
     Raises:
-        RuntimeError: Triton is not installed, or ``x`` is on the CPU without ``TRITON_INTERPRET=1``.
+        RuntimeError: Triton is not installed, or ``x`` is on the CPU without
+            ``TRITON_INTERPRET=1``.
         ValueError: Segments out of order, overlapping, out of range, or with mis-shaped weights.
     """
     if triton is None:
@@ -493,17 +485,19 @@ def segmented_lora_triton(
             "segmented_lora_triton on CPU tensors needs the Triton interpreter: set "
             "TRITON_INTERPRET=1 (or use segmented_lora_reference)"
         )
-    _validate(x, segments, out_features)
+    validate_segments(x, segments, out_features)
     out_shape = (*x.shape[:-1], out_features)
     active = [s for s in segments if s.end > s.start]
     tokens_per_row = math.prod(x.shape[1:-1])
     if not active or tokens_per_row == 0:
         return x.new_zeros(out_shape)
-    x = _apply_dropout(x, active)
     in_f = x.shape[-1]
-    x2d = x.reshape(-1, in_f).contiguous()
+    x2d = x.reshape(-1, in_f)
+    if any(seg.dropout is not None for seg in active):
+        x2d = _apply_dropout(x2d, active, dropout_masks(x, active), tokens_per_row)
+    x2d = x2d.contiguous()
     plan = _build_plan(active, tokens_per_row, in_f, out_features, x.device, interpret)
     weights = tuple(w for seg in active for w in (seg.lora_A, seg.lora_B))
-    direct, inputs = torch_kernel.weight_inputs(weights, x.device)
+    direct, inputs = direct_grads.weight_inputs(weights, anchor)
     y = _SegmentedLoraFn.apply(x2d, plan, weights, direct, *inputs)
     return y.reshape(out_shape)
