@@ -18,6 +18,7 @@ from pathlib import Path
 from fastapi import HTTPException, Request
 
 from twinkle._logging import get_logger
+from twinkle.server.errors import Unauthorized
 from twinkle.server.state.paths import tenant_id_for_key
 
 logger = get_logger(__name__)
@@ -30,12 +31,12 @@ MISSING_KEY = "missing API key: send Authorization: Bearer <key> or X-API-Key"
 INVALID_KEY = "invalid API key"
 
 
-class AuthError(Exception):
+class AuthError(Unauthorized):
     """A request without a valid key; ``status_code`` is 401."""
 
     def __init__(self, status_code: int, detail: str) -> None:
         super().__init__(detail)
-        self.status_code = status_code
+        self.status = self.status_code = status_code
         self.detail = detail
 
 

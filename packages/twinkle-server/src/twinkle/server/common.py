@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from twinkle.errors import InvalidArgumentError
+
 IGNORE_INDEX = -100
 
 
@@ -36,9 +38,11 @@ def input_feature_to_datum(feature: Mapping[str, Any]) -> Any:
     labels = feature.get("labels")
     labels_N = ids_N if labels is None else np.asarray(labels, dtype=np.int64).reshape(-1)
     if ids_N.shape[0] < 2:
-        raise ValueError("a feature needs at least 2 tokens to make a datum")
+        raise InvalidArgumentError("a feature needs at least 2 tokens to make a datum")
     if labels_N.shape != ids_N.shape:
-        raise ValueError(f"labels has {labels_N.shape[0]} entries for {ids_N.shape[0]} input_ids")
+        raise InvalidArgumentError(
+            f"labels has {labels_N.shape[0]} entries for {ids_N.shape[0]} input_ids"
+        )
     weights_T = (labels_N[1:] != IGNORE_INDEX).astype(np.float32)
     return types.Datum(
         model_input=types.ModelInput.from_ints(ids_N[:-1].tolist()),
@@ -66,7 +70,9 @@ def datum_to_input_feature(datum: Any) -> dict[str, np.ndarray]:
         else weights.to_numpy().reshape(-1)
     )
     if targets_T.shape != tokens_T.shape or weights_T.shape != tokens_T.shape:
-        raise ValueError("target_tokens and weights must have one entry per model_input token")
+        raise InvalidArgumentError(
+            "target_tokens and weights must have one entry per model_input token"
+        )
     input_ids = np.concatenate([tokens_T[:1], targets_T])
     labels = np.concatenate(
         [[IGNORE_INDEX], np.where(weights_T > 0, targets_T, IGNORE_INDEX)]

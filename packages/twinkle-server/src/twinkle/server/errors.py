@@ -1,21 +1,58 @@
-"""Errors a service raises, each with the HTTP status and Tinker error category it maps to."""
+"""Errors a service raises, each with the HTTP status and Tinker error category it maps to.
+
+One hierarchy: the state layer's errors (``twinkle.server.state.errors``) and the auth error are
+subclasses of these. :func:`from_exception` is the single mapping from any exception: a 4xx only
+for a mistake the caller made and something checked explicitly (a :class:`ServiceError`, a
+``twinkle.errors`` error, a pydantic ``ValidationError``); anything else is the server's fault.
+"""
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
+from twinkle._logging import get_logger
+from twinkle.errors import PathForbiddenError, PathNotFoundError, TwinkleError, UnknownAdapterError
+from twinkle.server.request_ids import current_request_id, new_request_id
+
+logger = get_logger(__name__)
+
+OUT_OF_MEMORY_RETRY_S = 5.0
+
 
 class ServiceError(Exception):
-    """A request failed; ``status`` is its HTTP status, ``category`` Tinker's error category."""
+    """A request failed; ``status`` is its HTTP status, ``category`` Tinker's error category.
+
+    ``status_code`` is the same status under the name the state layer and Starlette use.
+    ``request_id`` names the request in the server's log; a 5xx always has one.
+    """
 
     status: int = 500
+    status_code: int = 500
     category: str = "server"
 
-    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.status_code = cls.status
+
+    def __init__(
+        self, message: str, *, retry_after: float | None = None, request_id: str | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.retry_after = retry_after
+        self.request_id = request_id
 
     def to_dict(self) -> dict:
-        return {"error": self.message, "category": self.category, "code": type(self).__name__}
+        """The JSON error body: ``error``, ``category``, ``code`` and, when known, ``request_id``."""
+        body = {"error": self.message, "category": self.category, "code": self.code}
+        if self.request_id:
+            body["request_id"] = self.request_id
+        return body
+
+    @property
+    def code(self) -> str:
+        """The name of the class in this module it is (``NotFound`` for the state's NotFoundError)."""
+        return next(c.__name__ for c in type(self).__mro__ if c.__module__ == __name__)
 
 
 class BadRequest(ServiceError):
@@ -54,33 +91,65 @@ class RateLimited(ServiceError):
     status, category = 429, "user"
 
 
+class InternalError(ServiceError):
+    """An exception nobody expected: a bug or a broken dependency, never the caller's fault."""
+
+    status, category = 500, "server"
+
+
 class AtCapacity(ServiceError):
     """No room for another adapter (``max_loras``): HTTP 503, Tinker ``paused_capacity``."""
 
     status, category = 503, "server"
 
 
-def from_exception(exc: BaseException) -> ServiceError:
-    """Map library exceptions to service errors: user mistakes are 4xx, the rest 5xx."""
+class OutOfMemory(AtCapacity):
+    """The device or host ran out of memory: retryable like :class:`AtCapacity` (HTTP 503)."""
+
+
+def from_exception(exc: BaseException, *, request_id: str | None = None) -> ServiceError:
+    """The service error for ``exc``: user mistakes are 4xx, the rest 5xx.
+
+    An exception that is not a user mistake is logged here with its traceback and the request id
+    that its 5xx body carries (``request_id``, else the current request's, else a new one).
+    """
     if isinstance(exc, ServiceError):
         return exc
-    status = getattr(exc, "status_code", None)
-    if status in _BY_STATUS:  # twinkle.server.state errors and auth errors carry their status
-        return _BY_STATUS[status](str(getattr(exc, "detail", None) or exc))
-    if isinstance(exc, (ValueError, TypeError)):
-        return BadRequest(str(exc))
-    if isinstance(exc, (FileNotFoundError, KeyError)):
+    user = _user_error(exc)
+    if user is not None:
+        return user
+    rid = request_id or current_request_id() or new_request_id()
+    if is_out_of_memory(exc):
+        error: ServiceError = OutOfMemory(
+            f"the server ran out of memory; retry later (request id {rid})",
+            retry_after=OUT_OF_MEMORY_RETRY_S,
+            request_id=rid,
+        )
+    else:
+        error = InternalError(f"internal server error (request id {rid})", request_id=rid)
+    logger.error("request %s failed with %s: %s", rid, type(exc).__name__, exc, exc_info=exc)
+    return error
+
+
+def _user_error(exc: BaseException) -> ServiceError | None:
+    if isinstance(exc, (UnknownAdapterError, PathNotFoundError)):
         return NotFound(str(exc).strip("'\""))
-    if isinstance(exc, RuntimeError):
+    if isinstance(exc, PathForbiddenError):
+        return Forbidden(str(exc))
+    if isinstance(exc, TwinkleError):
         return BadRequest(str(exc))
-    return ServiceError(f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, ValidationError):
+        return BadRequest(f"invalid request: {exc}")
+    return None
 
 
-_BY_STATUS = {
-    400: BadRequest,
-    401: Unauthorized,
-    403: Forbidden,
-    404: NotFound,
-    409: Conflict,
-    410: Gone,
-}
+def is_out_of_memory(exc: BaseException) -> bool:
+    """``MemoryError``, ``torch.OutOfMemoryError`` (CUDA) or a runtime error saying so.
+
+    By class name, so that the server does not import torch to ask.
+    """
+    if isinstance(exc, MemoryError):
+        return True
+    if any(c.__name__ == "OutOfMemoryError" for c in type(exc).__mro__):
+        return True
+    return isinstance(exc, RuntimeError) and "CUDA out of memory" in str(exc)

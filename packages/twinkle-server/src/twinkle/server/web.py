@@ -8,8 +8,10 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from twinkle.server import request_ids
 from twinkle.server.errors import (
     BadRequest,
     PayloadTooLarge,
@@ -25,26 +27,77 @@ DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Every :class:`ServiceError` becomes a JSON error with its status (and ``Retry-After``).
+    """Every error becomes a JSON body with its status, ``Retry-After`` and the request id.
 
-    Also installs the HTTP telemetry (a span and request metrics per request; no-op when off).
+    A :class:`ServiceError` (state and auth errors included) keeps its status; any other exception
+    goes through :func:`from_exception` (:class:`RequestIds`). Also installs the HTTP telemetry (a
+    span and request metrics per request; no-op when off), outside the request ids so that it
+    records the status the client got.
     """
-
-    from twinkle.server.auth import AuthError
-    from twinkle.server.state import StateError
     from twinkle.server.telemetry import install_http_telemetry
 
+    app.add_middleware(RequestIds)
     install_http_telemetry(app)
-
-    @app.exception_handler(StateError)
-    @app.exception_handler(AuthError)
-    async def _mapped_error(request: Request, exc: Exception) -> JSONResponse:
-        return await _service_error(request, from_exception(exc))
 
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
-        headers = {"Retry-After": f"{max(1, round(exc.retry_after))}"} if exc.retry_after else None
-        return JSONResponse(exc.to_dict(), status_code=exc.status, headers=headers)
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(BadRequest(f"invalid request: {exc.errors()}"))
+
+
+def error_response(exc: ServiceError) -> JSONResponse:
+    """The JSON response for ``exc``, with the current request's id when it has none of its own."""
+    body = exc.to_dict()
+    body.setdefault("request_id", request_ids.current_request_id())
+    headers = {"Retry-After": f"{max(1, round(exc.retry_after))}"} if exc.retry_after else None
+    return JSONResponse(body, status_code=exc.status, headers=headers)
+
+
+class RequestIds:
+    """ASGI middleware: an id per request, and a JSON error for an exception no handler took.
+
+    The id is the request's ``X-Request-ID`` (the Serve proxy always sends one, and adds it to the
+    response itself) or a new one, which is then returned in the ``X-Request-ID`` header. An
+    unexpected exception is logged with its traceback and that id (:func:`from_exception`) and
+    answered with a 5xx that names the id and nothing else about the failure.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        header = request_ids.REQUEST_ID_HEADER.encode()
+        sent = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == header), None)
+        given = request_ids.accepted_request_id(sent)
+        rid = given or request_ids.new_request_id()
+        token = request_ids.set_current(rid)
+        started = False
+
+        async def send_with_id(message: dict) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                if given is None:
+                    message = {
+                        **message,
+                        "headers": [*message.get("headers", ()), (header, rid.encode())],
+                    }
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception as exc:
+            if started:  # too late for an error body; the server's own handling logs it
+                raise
+            await error_response(from_exception(exc, request_id=rid))(scope, receive, send_with_id)
+        finally:
+            request_ids.reset_current(token)
 
 
 async def read_json(request: Request, max_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> dict[str, Any]:

@@ -6,6 +6,8 @@ import functools
 import os
 from pathlib import Path
 
+from twinkle.errors import InvalidArgumentError
+
 from ._tiny import TINY_MODELS, materialize_tiny_model
 
 SCHEMES = ("tiny://", "ms://", "hf://")
@@ -40,7 +42,7 @@ def _not_found(model_id: str, where: str) -> ModelNotFoundError:
 def _repo_id(model_id: str, scheme: str) -> str:
     repo_id = model_id[len(scheme) :].strip("/")
     if repo_id.count("/") != 1 or not all(repo_id.split("/")):
-        raise ValueError(f"{model_id!r}: expected {scheme}<org>/<name>")
+        raise InvalidArgumentError(f"{model_id!r}: expected {scheme}<org>/<name>")
     return repo_id
 
 
@@ -112,7 +114,7 @@ def resolve_model_dir(model_id: str) -> Path:
     tiny = _tiny_name(model_id)
     if tiny is not None:
         if tiny not in TINY_MODELS:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"unknown tiny model {model_id!r}; valid: "
                 + ", ".join(f"tiny://{name}" for name in sorted(TINY_MODELS))
             )
@@ -122,7 +124,7 @@ def resolve_model_dir(model_id: str) -> Path:
     if model_id.startswith("hf://"):
         return _resolve_huggingface(model_id)
     if "://" in model_id:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"unknown model id scheme in {model_id!r}; valid: {', '.join(SCHEMES)} or a local directory"
         )
     path = Path(model_id).expanduser()

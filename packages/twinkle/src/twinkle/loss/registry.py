@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from twinkle.errors import ArgumentTypeError, InvalidArgumentError
 from twinkle.loss.base import Loss
 
 _REGISTRY: dict[str, type[Loss]] = {}
@@ -26,10 +27,12 @@ def register_loss(name: str) -> Callable[[type[Loss]], type[Loss]]:
 
     def decorator(cls: type[Loss]) -> type[Loss]:
         if not (isinstance(cls, type) and issubclass(cls, Loss)):
-            raise TypeError(f"register_loss({name!r}) expects a Loss subclass, got {cls!r}")
+            raise ArgumentTypeError(f"register_loss({name!r}) expects a Loss subclass, got {cls!r}")
         existing = _REGISTRY.get(name)
         if existing is not None and existing is not cls:
-            raise ValueError(f"a loss named {name!r} is already registered ({existing.__name__})")
+            raise InvalidArgumentError(
+                f"a loss named {name!r} is already registered ({existing.__name__})"
+            )
         cls.name = name
         _REGISTRY[name] = cls
         return cls
@@ -58,7 +61,7 @@ def get_loss(spec: str | type[Loss] | Loss, **kwargs) -> Loss:
     """
     if isinstance(spec, Loss):
         if kwargs:
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"get_loss got an already built {type(spec).__name__} and kwargs {sorted(kwargs)}"
             )
         return spec
@@ -67,6 +70,8 @@ def get_loss(spec: str | type[Loss] | Loss, **kwargs) -> Loss:
     if isinstance(spec, str):
         cls = _REGISTRY.get(spec)
         if cls is None:
-            raise ValueError(f"unknown loss {spec!r}; known losses: {', '.join(known_losses())}")
+            raise InvalidArgumentError(
+                f"unknown loss {spec!r}; known losses: {', '.join(known_losses())}"
+            )
         return cls(**kwargs)
-    raise TypeError(f"get_loss expects a name, a Loss subclass or a Loss, got {spec!r}")
+    raise ArgumentTypeError(f"get_loss expects a name, a Loss subclass or a Loss, got {spec!r}")

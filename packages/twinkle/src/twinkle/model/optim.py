@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from twinkle.errors import ArgumentTypeError, InvalidArgumentError
+
 OPTIMIZERS = {
     "Adam": torch.optim.Adam,
     "AdamW": torch.optim.AdamW,
@@ -26,17 +28,19 @@ def build_optimizer(
     """
     if isinstance(spec, str):
         if spec not in OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {spec!r}; known: {', '.join(OPTIMIZERS)}")
+            raise InvalidArgumentError(
+                f"unknown optimizer {spec!r}; known: {', '.join(OPTIMIZERS)}"
+            )
         cls = OPTIMIZERS[spec]
     elif isinstance(spec, type) and issubclass(spec, torch.optim.Optimizer):
         cls = spec
     else:
-        raise TypeError(
+        raise ArgumentTypeError(
             f"optimizer must be a name or a torch.optim.Optimizer subclass, got {spec!r}"
         )
     lr = kwargs.get("lr", 1e-4)
     if not isinstance(lr, (int, float)) or lr <= 0:
-        raise ValueError(f"learning rate must be > 0, got {lr!r}")
+        raise InvalidArgumentError(f"learning rate must be > 0, got {lr!r}")
     kwargs["lr"] = lr
     if (
         cls in (torch.optim.Adam, torch.optim.AdamW)
@@ -89,7 +93,7 @@ SCHEDULERS = ["LinearLR", "CosineAnnealingLR", "StepLR", *_LAMBDA_SCHEDULES]
 def check_scheduler_name(spec: Any) -> None:
     """Raise ``ValueError`` for an unknown scheduler name (before anything is built)."""
     if isinstance(spec, str) and spec not in SCHEDULERS:
-        raise ValueError(f"unknown lr scheduler {spec!r}; known: {', '.join(SCHEDULERS)}")
+        raise InvalidArgumentError(f"unknown lr scheduler {spec!r}; known: {', '.join(SCHEDULERS)}")
 
 
 def build_scheduler(spec: Any, optimizer: torch.optim.Optimizer, **kwargs: Any):
@@ -113,7 +117,7 @@ def build_scheduler(spec: Any, optimizer: torch.optim.Optimizer, **kwargs: Any):
             try:
                 factor = _LAMBDA_SCHEDULES[spec](**kwargs)
             except TypeError as exc:  # a misspelt argument must not be silently ignored
-                raise ValueError(f"lr scheduler {spec!r}: {exc}") from None
+                raise InvalidArgumentError(f"lr scheduler {spec!r}: {exc}") from None
             return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         if spec in ("LinearLR", "CosineAnnealingLR", "StepLR"):
             if spec == "CosineAnnealingLR":
@@ -121,7 +125,7 @@ def build_scheduler(spec: Any, optimizer: torch.optim.Optimizer, **kwargs: Any):
             if spec == "StepLR":
                 kwargs.setdefault("step_size", 100)
             return getattr(torch.optim.lr_scheduler, spec)(optimizer, **kwargs)
-        raise ValueError(f"unknown lr scheduler {spec!r}; known: {', '.join(SCHEDULERS)}")
+        raise InvalidArgumentError(f"unknown lr scheduler {spec!r}; known: {', '.join(SCHEDULERS)}")
     if isinstance(spec, type):
         return spec(optimizer, **kwargs)
-    raise TypeError(f"lr scheduler must be a name or a scheduler class, got {spec!r}")
+    raise ArgumentTypeError(f"lr scheduler must be a name or a scheduler class, got {spec!r}")

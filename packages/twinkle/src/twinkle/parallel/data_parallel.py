@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from twinkle.errors import InvalidArgumentError, StateOrderError, UnknownAdapterError
 from twinkle.model.metrics import Metric
 from twinkle.parallel import _sharding
 from twinkle.parallel._replicas import ReplicaSet, placement_options
@@ -72,7 +73,7 @@ class DataParallelModel:
         import ray
 
         if dp_size < 1:
-            raise ValueError(f"dp_size must be >= 1, got {dp_size}")
+            raise InvalidArgumentError(f"dp_size must be >= 1, got {dp_size}")
         if not ray.is_initialized():
             raise RuntimeError(
                 "DataParallelModel needs Ray: call twinkle.initialize(mode='ray') first"
@@ -186,13 +187,15 @@ class DataParallelModel:
             if len(self.adapters) == 1:
                 adapter = next(iter(self.adapters.values()))
             elif not self.adapters:
-                raise ValueError("no adapter on this model: call add_adapter_to_model first")
+                raise UnknownAdapterError(
+                    "no adapter on this model: call add_adapter_to_model first"
+                )
             else:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"several adapters exist ({', '.join(self.adapters)}): pass adapter_name="
                 )
         elif adapter_name not in self.adapters:
-            raise ValueError(
+            raise UnknownAdapterError(
                 f"unknown adapter {adapter_name!r}; adapters on this model: {', '.join(self.adapters) or 'none'}"
             )
         else:
@@ -216,7 +219,7 @@ class DataParallelModel:
     ) -> None:
         """Create tenant ``adapter_name`` on every replica (same seed: identical initial weights)."""
         if adapter_name in self.adapters and self.adapters[adapter_name].lost is None:
-            raise ValueError(f"adapter {adapter_name!r} already exists on this model")
+            raise InvalidArgumentError(f"adapter {adapter_name!r} already exists on this model")
         if adapter_name in self.adapters:  # lost: its replicas hold nothing
             del self.adapters[adapter_name]
         self._broadcast(
@@ -273,7 +276,7 @@ class DataParallelModel:
     # ------------------------------------------------------------------ training
     def _shards(self, name: str, request: dict[str, Any]) -> list[dict[str, Any] | None]:
         if "inputs" not in request:
-            raise ValueError(f"request for adapter {name!r} has no 'inputs'")
+            raise InvalidArgumentError(f"request for adapter {name!r} has no 'inputs'")
         rows = _sharding.row_count(request["inputs"])
         unit = 2 if self.adapters[name].pair_rows else 1
         return _sharding.split_request(request, _sharding.shard_bounds(rows, self.dp_size, unit))
@@ -290,7 +293,7 @@ class DataParallelModel:
     ) -> dict[str, dict[str, Any]]:
         """One fused pass per replica over its rows of every tenant, then one gradient all-reduce."""
         if not requests:
-            raise ValueError("forward_backward_many needs at least one request")
+            raise InvalidArgumentError("forward_backward_many needs at least one request")
         order = [self._adapter(name).name for name in requests]
         split = {name: self._shards(name, dict(request)) for name, request in requests.items()}
         per_rank = [
@@ -346,7 +349,7 @@ class DataParallelModel:
         name = self._adapter(adapter_name).name
         ranks = self._forward_ranks.get(name)
         if not ranks:
-            raise RuntimeError(f"adapter {name!r}: call forward before calculate_loss")
+            raise StateOrderError(f"adapter {name!r}: call forward before calculate_loss")
         outs = self.replicas.call("calculate_loss", name, ranks=ranks, **kwargs)
         kind = outs[0][2]
         stats = [norm.ShardStats(*s) for _, s, _ in outs]
@@ -360,7 +363,9 @@ class DataParallelModel:
         name = self._adapter(adapter_name).name
         ranks = self._forward_ranks.pop(name, None)
         if not ranks:
-            raise RuntimeError(f"adapter {name!r}: call forward and calculate_loss before backward")
+            raise StateOrderError(
+                f"adapter {name!r}: call forward and calculate_loss before backward"
+            )
         self.replicas.gather(
             self.replicas.submit(
                 "backward", [((name, rank in ranks), {}) for rank in range(self.dp_size)]
@@ -502,7 +507,7 @@ def _resolve_group(device_group: DeviceGroup | str | None) -> tuple[DeviceGroup 
     name = device_group if isinstance(device_group, str) else device_group.name
     if context is None or name not in context.groups:
         if isinstance(device_group, str):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"no device group {name!r}: pass it to twinkle.initialize(mode='ray', groups=...)"
             )
         return device_group, None

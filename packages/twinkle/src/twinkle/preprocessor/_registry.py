@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from twinkle.errors import ArgumentTypeError, InvalidArgumentError
+
 if TYPE_CHECKING:
     from twinkle.preprocessor.base import Preprocessor
 
@@ -41,7 +43,7 @@ def get_preprocessor(
     """
     if isinstance(preprocessor, str):
         if preprocessor not in _PREPROCESSORS:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"unknown preprocessor {preprocessor!r}; known preprocessors: "
                 f"{list_preprocessors()}"
             )
@@ -49,9 +51,9 @@ def get_preprocessor(
     if isinstance(preprocessor, type):
         return preprocessor(**dict(init_args or {}))
     if init_args:
-        raise TypeError(
+        raise ArgumentTypeError(
             f"init_args only apply to a preprocessor name or class, not {preprocessor!r}"
         )
     if not callable(preprocessor):
-        raise TypeError(f"a preprocessor must be callable, got {type(preprocessor)!r}")
+        raise ArgumentTypeError(f"a preprocessor must be callable, got {type(preprocessor)!r}")
     return preprocessor

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from torch import nn
 
+from twinkle.errors import InvalidArgumentError, PathForbiddenError, PathNotFoundError
 from twinkle.model.lora import (
     LoraRouter,
     adapter_spec_from_config,
@@ -36,19 +37,19 @@ def resolve_adapter_dir(adapter_uri: str | os.PathLike, allowed_dirs: list[Path]
     if "://" in uri:
         scheme, _, rest = uri.partition("://")
         if scheme != "file":
-            raise FileNotFoundError(
+            raise PathNotFoundError(
                 f"adapter_uri {uri!r}: only local paths (or file://) are supported"
             )
         uri = rest
     path = Path(uri).expanduser().resolve()
     if allowed_dirs is not None and not any(path == d or d in path.parents for d in allowed_dirs):
-        raise PermissionError(
+        raise PathForbiddenError(
             f"adapter_uri {adapter_uri!r} resolves to {path}, outside the allowed adapter "
             f"directories {[str(d) for d in allowed_dirs]}"
         )
     for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
         if not (path / name).is_file():
-            raise FileNotFoundError(
+            raise PathNotFoundError(
                 f"adapter_uri {adapter_uri!r}: {path / name} not found (expected a PEFT adapter "
                 "directory written by model.save)"
             )
@@ -87,7 +88,7 @@ def check_base_model(config: dict, adapter_dir: Path, model_id: str, model_dir: 
         pass
     if ours & candidates:
         return
-    raise ValueError(
+    raise InvalidArgumentError(
         f"adapter {adapter_dir} was trained on base model {base!r}, not on this sampler's model "
         f"{model_id!r} ({model_dir})"
     )
@@ -110,7 +111,7 @@ class AdapterPool:
         allowed_dirs: list[str | os.PathLike] | None = None,
     ) -> None:
         if max_loras < 1:
-            raise ValueError(f"max_loras must be >= 1, got {max_loras}")
+            raise InvalidArgumentError(f"max_loras must be >= 1, got {max_loras}")
         self.model, self.router = model, router
         self.model_id, self.model_dir = model_id, Path(model_dir)
         self.max_loras = max_loras
@@ -142,7 +143,7 @@ class AdapterPool:
         distinct = list(dict.fromkeys(adapter_uris))
         dirs = {uri: resolve_adapter_dir(uri, self.allowed_dirs) for uri in distinct}
         if len(set(dirs.values())) > self.max_loras:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"{len(set(dirs.values()))} distinct adapters in one call, more than max_loras={self.max_loras}"
             )
         names = {}
@@ -175,7 +176,7 @@ class AdapterPool:
             load_adapter_state_dict(self.model, name, state)
         except ValueError as err:
             remove_adapter(self.model, name)
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"adapter {path} does not fit this sampler's base model {self.model_id!r}: {err}"
             ) from None
         if path in self._loaded:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from twinkle.data_format import Trajectory
+from twinkle.errors import ArgumentTypeError, InvalidArgumentError, UnknownAdapterError
 from twinkle.sampler.types import SampleResponse, SamplingParams
 
 _TOKEN_KEYS = ("input_ids", "labels", "length", "attention_mask", "position_ids")
@@ -90,11 +91,17 @@ class Sampler(ABC):
             FileNotFoundError: A missing adapter directory.
             PermissionError: An adapter outside the allowed directories.
         """
-        params = SamplingParams.coerce(sampling_params)
+        # twinkle_client (numpy only) validates the parameters but cannot raise twinkle.errors.
+        try:
+            params = SamplingParams.coerce(sampling_params)
+        except (TypeError, ValueError) as exc:
+            raise (ArgumentTypeError if isinstance(exc, TypeError) else InvalidArgumentError)(
+                str(exc)
+            ) from exc
         prompts = self.prepare_prompts(inputs)
         uris = self._per_input_uris(adapter_uri, len(prompts))
         if adapter_name is not None and adapter_uri is not None:
-            raise ValueError("pass adapter_uri or adapter_name, not both")
+            raise InvalidArgumentError("pass adapter_uri or adapter_name, not both")
         return self._generate(prompts, params, uris, adapter_name)
 
     def _named_adapter_uris(
@@ -108,7 +115,7 @@ class Sampler(ABC):
         if adapter_name is None:
             return adapter_uris
         if adapter_name not in self._named:
-            raise ValueError(
+            raise UnknownAdapterError(
                 f"unknown adapter_name {adapter_name!r}; load it with load_adapter(uri, adapter_name=...)"
             )
         return [self._named[adapter_name]] * len(adapter_uris)
@@ -132,11 +139,11 @@ class Sampler(ABC):
         """
         items = [inputs] if _is_single(inputs) else list(inputs)
         if not items:
-            raise ValueError("inputs is empty")
+            raise InvalidArgumentError("inputs is empty")
         prompts = [self._prompt(item) for item in items]
         for i, prompt in enumerate(prompts):
             if not prompt.tokens:
-                raise ValueError(f"input {i} has no tokens")
+                raise InvalidArgumentError(f"input {i} has no tokens")
         return prompts
 
     def _prompt(self, item: Any) -> Prompt:
@@ -146,7 +153,9 @@ class Sampler(ABC):
             return Prompt([int(t) for t in feature["input_ids"]], dict(trajectory.extra))
         if isinstance(item, Mapping):
             if "input_ids" not in item:
-                raise ValueError("an input mapping needs 'messages' (a trajectory) or 'input_ids'")
+                raise InvalidArgumentError(
+                    "an input mapping needs 'messages' (a trajectory) or 'input_ids'"
+                )
             extra = dict(item.get("extra") or {})
             extra.update({k: v for k, v in item.items() if k not in _TOKEN_KEYS and k != "extra"})
             return Prompt(_token_list(item["input_ids"]), extra)
@@ -162,7 +171,7 @@ class Sampler(ABC):
             return [None if adapter_uri is None else str(adapter_uri)] * count
         uris = [None if u is None else str(u) for u in adapter_uri]
         if len(uris) != count:
-            raise ValueError(f"adapter_uri has {len(uris)} entries for {count} inputs")
+            raise InvalidArgumentError(f"adapter_uri has {len(uris)} entries for {count} inputs")
         return uris
 
 
@@ -185,5 +194,5 @@ def _token_list(value: Any) -> list[int]:
         value = value.tolist()
     tokens = list(value)
     if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in tokens):
-        raise ValueError("token ids must be integers")
+        raise InvalidArgumentError("token ids must be integers")
     return [int(t) for t in tokens]

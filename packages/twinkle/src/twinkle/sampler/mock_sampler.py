@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from twinkle.errors import InvalidArgumentError, PathForbiddenError, PathNotFoundError
 from twinkle.sampler.base import Prompt, Sampler
 from twinkle.sampler.types import SampledSequence, SampleResponse, SampleResult, SamplingParams
 
@@ -58,15 +59,15 @@ class MockSampler(Sampler):
         if self.allowed is not None and not any(
             path == d or d in path.parents for d in self.allowed
         ):
-            raise PermissionError(f"adapter {uri} is outside the allowed adapter directories")
+            raise PathForbiddenError(f"adapter {uri} is outside the allowed adapter directories")
         if not (path / ckpt.ADAPTER_WEIGHTS).is_file():
-            raise FileNotFoundError(
+            raise PathNotFoundError(
                 f"{uri} is not a mock-backend adapter (no {ckpt.ADAPTER_WEIGHTS})"
             )
         config = ckpt.read_json(str(path), ckpt.ADAPTER_CONFIG)
         weights = ckpt.read_arrays(str(path), ckpt.ADAPTER_WEIGHTS)
         if weights["A"].shape[0] != self.base.embed_V_H.shape[1]:
-            raise ValueError(f"adapter {uri} does not fit this mock model (hidden size)")
+            raise InvalidArgumentError(f"adapter {uri} does not fit this mock model (hidden size)")
         return weights["A"], weights["B"], config["lora_alpha"] / config["r"]
 
     def _logprobs(self, token: int, adapter) -> np.ndarray:
@@ -91,7 +92,7 @@ class MockSampler(Sampler):
         response = SampleResponse()
         for i, (prompt, uri) in enumerate(zip(prompts, adapter_uris)):
             if any(t < 0 or t >= self.vocab_size for t in prompt.tokens):
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"input {i} has token ids outside the vocabulary [0, {self.vocab_size})"
                 )
             adapter = adapters[uri]

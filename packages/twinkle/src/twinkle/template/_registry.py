@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from twinkle.errors import ArgumentTypeError, InvalidArgumentError
+
 if TYPE_CHECKING:
     from twinkle.template.base import Template
 
@@ -36,12 +38,16 @@ def get_template(template: str | type[Template] | Template, **kwargs: Any) -> Te
 
     if isinstance(template, Template):
         if kwargs:
-            raise TypeError(f"cannot apply {sorted(kwargs)} to an already built {template!r}")
+            raise ArgumentTypeError(
+                f"cannot apply {sorted(kwargs)} to an already built {template!r}"
+            )
         return template
     if isinstance(template, type) and issubclass(template, Template):
         return template(**kwargs)
     if isinstance(template, str):
         if template not in _TEMPLATES:
-            raise ValueError(f"unknown template {template!r}; known templates: {list_templates()}")
+            raise InvalidArgumentError(
+                f"unknown template {template!r}; known templates: {list_templates()}"
+            )
         return _TEMPLATES[template](**kwargs)
-    raise TypeError(f"expected a template name, class or instance, got {type(template)!r}")
+    raise ArgumentTypeError(f"expected a template name, class or instance, got {type(template)!r}")

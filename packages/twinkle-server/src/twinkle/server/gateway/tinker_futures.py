@@ -159,18 +159,18 @@ class TinkerFutures:
         while True:
             try:
                 result = await runner()
-            except (RateLimited, AtCapacity) as exc:
-                if time.monotonic() > deadline:
-                    self._fail(owner, rid, exc)
-                    return
-                paused = "paused_rate_limit" if isinstance(exc, RateLimited) else "paused_capacity"
-                self.state.set_queue_state(owner, rid, paused)
-                await asyncio.sleep(min(max(exc.retry_after or 1.0, 0.05), 30.0))
-                continue
             except Exception as exc:  # noqa: BLE001 - stored for retrieve_future
-                if not isinstance(exc, ServiceError):
-                    logger.exception("tinker request %s failed", rid)
-                self._fail(owner, rid, exc)
+                # Logs an unexpected exception with its traceback under the future's id.
+                error = from_exception(exc, request_id=rid)
+                # Out of memory is an AtCapacity too: the SDK keeps polling a paused future.
+                if isinstance(error, (RateLimited, AtCapacity)) and time.monotonic() <= deadline:
+                    paused = (
+                        "paused_rate_limit" if isinstance(error, RateLimited) else "paused_capacity"
+                    )
+                    self.state.set_queue_state(owner, rid, paused)
+                    await asyncio.sleep(min(max(error.retry_after or 1.0, 0.05), 30.0))
+                    continue
+                self._fail(owner, rid, error)
                 return
             self.state.set_queue_state(owner, rid, "active")
             if isinstance(result, Proto):
@@ -184,8 +184,7 @@ class TinkerFutures:
                 self.state.complete_future(owner, rid, result=result)
             return
 
-    def _fail(self, owner: str, rid: str, exc: BaseException) -> None:
-        error = from_exception(exc)
+    def _fail(self, owner: str, rid: str, error: ServiceError) -> None:
         self.state.fail_future(owner, rid, error.message, error.category)
 
     async def wait(self, owner: str, rid: str, timeout: float) -> Any:

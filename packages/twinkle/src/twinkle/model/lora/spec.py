@@ -6,13 +6,17 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from twinkle.errors import InvalidArgumentError
+
 _ADAPTER_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 
 def validate_adapter_name(name: str) -> str:
     """Adapter names become state-dict keys and directory names: keep them plain."""
     if not isinstance(name, str) or not name or not set(name) <= _ADAPTER_NAME_CHARS or "." in name:
-        raise ValueError(f"invalid adapter name {name!r}: use letters, digits, '_' and '-' only")
+        raise InvalidArgumentError(
+            f"invalid adapter name {name!r}: use letters, digits, '_' and '-' only"
+        )
     return name
 
 
@@ -68,19 +72,25 @@ def adapter_spec_from_config(name: str, config: Any, seed: int = 0) -> AdapterSp
         values = dict(vars(config))
     r = values.get("r", 8)
     if not isinstance(r, int) or isinstance(r, bool) or r <= 0:
-        raise ValueError(f"adapter {name!r}: LoRA rank r must be a positive integer, got {r!r}")
+        raise InvalidArgumentError(
+            f"adapter {name!r}: LoRA rank r must be a positive integer, got {r!r}"
+        )
     alpha = values.get("lora_alpha", 8)
     if alpha is None or alpha < 0:
-        raise ValueError(f"adapter {name!r}: lora_alpha must be >= 0, got {alpha!r}")
+        raise InvalidArgumentError(f"adapter {name!r}: lora_alpha must be >= 0, got {alpha!r}")
     dropout = float(values.get("lora_dropout", 0.0) or 0.0)
     if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"adapter {name!r}: lora_dropout must be in [0, 1), got {dropout}")
+        raise InvalidArgumentError(
+            f"adapter {name!r}: lora_dropout must be in [0, 1), got {dropout}"
+        )
     target = values.get("target_modules") or "all-linear"
     if isinstance(target, (set, tuple)):
         target = sorted(target)
     init = values.get("init_lora_weights", True)
     if init not in (True, False):
-        raise ValueError(f"adapter {name!r}: init_lora_weights must be True or False, got {init!r}")
+        raise InvalidArgumentError(
+            f"adapter {name!r}: init_lora_weights must be True or False, got {init!r}"
+        )
     peft_config = {k: (sorted(v) if isinstance(v, set) else v) for k, v in values.items()}
     return AdapterSpec(
         name=name,

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from twinkle.errors import InvalidArgumentError
 from twinkle.model.mock._optim import LRSchedule, NumpyOptimizer
 
 SUPPORTED_LOSSES = ("CrossEntropyLoss", "cross_entropy", "importance_sampling")
@@ -22,7 +23,7 @@ def read_lora_config(config: Any) -> tuple[int, float]:
     else:
         rank, alpha = getattr(config, "r", 8), getattr(config, "lora_alpha", 8)
     if int(rank) <= 0:
-        raise ValueError(f"LoRA rank must be positive, got {rank!r}")
+        raise InvalidArgumentError(f"LoRA rank must be positive, got {rank!r}")
     return int(rank), float(alpha)
 
 
@@ -106,7 +107,7 @@ class AdapterState:
         other tenants were added before it.
         """
         if accum < 1:
-            raise ValueError(f"gradient_accumulation_steps must be >= 1, got {accum}")
+            raise InvalidArgumentError(f"gradient_accumulation_steps must be >= 1, got {accum}")
         rank, alpha = read_lora_config(config)
         rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
         params = {
@@ -130,7 +131,9 @@ class AdapterState:
         """Select the loss by name (the mock implements cross entropy and importance sampling)."""
         name = _name_of(name)
         if name not in SUPPORTED_LOSSES:
-            raise ValueError(f"the mock model supports the losses {SUPPORTED_LOSSES}, got {name!r}")
+            raise InvalidArgumentError(
+                f"the mock model supports the losses {SUPPORTED_LOSSES}, got {name!r}"
+            )
         self.loss_name, self.loss_kwargs = name, dict(kwargs)
 
     def set_template(self, template: Any) -> None:

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from twinkle.errors import InvalidArgumentError
+
 
 @dataclass
 class Batch:
@@ -37,9 +39,11 @@ def flatten(rows: list[dict], vocab_size: int) -> Batch:
         row_ids = np.asarray(row["input_ids"], dtype=np.int64).reshape(-1)
         labels = np.asarray(row.get("labels", row_ids), dtype=np.int64).reshape(-1)
         if labels.shape != row_ids.shape:
-            raise ValueError(f"row {i}: labels {labels.shape} != input_ids {row_ids.shape}")
+            raise InvalidArgumentError(
+                f"row {i}: labels {labels.shape} != input_ids {row_ids.shape}"
+            )
         if row_ids.size and (row_ids.min() < 0 or row_ids.max() >= vocab_size):
-            raise ValueError(f"row {i}: token ids must lie in [0, {vocab_size})")
+            raise InvalidArgumentError(f"row {i}: token ids must lie in [0, {vocab_size})")
         ids.append(row_ids[:-1])
         targets.append(labels[1:])
         row_index.append(np.full(max(row_ids.size - 1, 0), i, dtype=np.int64))

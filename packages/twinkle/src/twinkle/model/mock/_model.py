@@ -7,18 +7,12 @@ from typing import Any
 
 import numpy as np
 
+from twinkle.errors import InvalidArgumentError, UnknownAdapterError
 from twinkle.model.mock import _checkpoint as ckpt
 from twinkle.model.mock import _lora
 from twinkle.model.mock._adapter import AdapterState, MetricResult, TrainConfigs
 from twinkle.model.mock._batch import Batch, flatten, per_row
 from twinkle.model.mock._optim import LRSchedule, NumpyOptimizer
-
-
-class UnknownAdapterError(ValueError, KeyError):
-    """An adapter name that the model does not hold (both a ValueError and a KeyError)."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
 
 
 class MockModel:
@@ -50,7 +44,7 @@ class MockModel:
     ) -> None:
         """Add a LoRA adapter; ``config`` has ``r`` and ``lora_alpha`` (attributes or keys)."""
         if adapter_name in self._adapters:
-            raise ValueError(f"adapter {adapter_name!r} already exists")
+            raise InvalidArgumentError(f"adapter {adapter_name!r} already exists")
         self._adapters[adapter_name] = AdapterState.create(
             adapter_name, config, self.hidden_size, self.seed, gradient_accumulation_steps
         )
@@ -117,7 +111,9 @@ class MockModel:
         """
         state = self._resolve(adapter_name)
         if state.optimizer is None:
-            raise ValueError(f"adapter {state.name!r} has no optimizer; call set_optimizer first")
+            raise InvalidArgumentError(
+                f"adapter {state.name!r} has no optimizer; call set_optimizer first"
+            )
         state.micro_steps += 1
         if state.micro_steps % state.gradient_accumulation_steps:
             return False
@@ -215,7 +211,7 @@ class MockModel:
         s = self._resolve(adapter_name)
         config = ckpt.read_json(path, ckpt.ADAPTER_CONFIG)
         if int(config["r"]) != s.rank:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"checkpoint rank {config['r']} does not match adapter {s.name!r} rank {s.rank}"
             )
         s.params = ckpt.read_arrays(path, ckpt.ADAPTER_WEIGHTS)
@@ -246,7 +242,7 @@ class MockModel:
     def _resolve(self, adapter_name: str | None) -> AdapterState:
         if adapter_name is None:
             if len(self._adapters) != 1:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"adapter_name is required when the model holds {len(self._adapters)} adapters"
                 )
             return next(iter(self._adapters.values()))
@@ -259,7 +255,7 @@ class MockModel:
     def _run(self, state: AdapterState, inputs: Any, advantages: Any, with_grads: bool):
         rows = [inputs] if isinstance(inputs, dict) else list(inputs)
         if not rows:
-            raise ValueError("inputs must hold at least one row")
+            raise InvalidArgumentError("inputs must hold at least one row")
         batch = flatten(rows, self.vocab_size)
         logprobs_N_V, cache = _lora.forward(
             self.base, state.params["A"], state.params["B"], state.scale, batch.ids_N
@@ -287,7 +283,9 @@ class MockModel:
             return float(-lp_N.sum() / count), -valid / count
         if advantages is None:
             if any("advantages" not in row for row in rows):
-                raise ValueError("loss 'importance_sampling' requires the input 'advantages'")
+                raise InvalidArgumentError(
+                    "loss 'importance_sampling' requires the input 'advantages'"
+                )
             advantages = [row["advantages"] for row in rows]
         adv_N = np.asarray(advantages, dtype=np.float64).reshape(-1)[batch.row_N]
         old_N = lp_N.copy()

@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 
+from twinkle.errors import InvalidArgumentError
+
 _OPTIMIZERS = ("Adam", "AdamW", "SGD")
 _ALIASES = {"default": "Adam", "adam": "Adam", "adamw": "AdamW", "sgd": "SGD"}
 
@@ -25,7 +27,9 @@ class NumpyOptimizer:
     def __init__(self, name: str, lr: float = 1e-4, **kwargs):
         self.name = _ALIASES.get(name, name)
         if self.name not in _OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {name!r}; the mock supports {_OPTIMIZERS}")
+            raise InvalidArgumentError(
+                f"unknown optimizer {name!r}; the mock supports {_OPTIMIZERS}"
+            )
         betas = kwargs.pop("betas", (kwargs.pop("beta1", 0.9), kwargs.pop("beta2", 0.999)))
         self.lr = float(lr)
         self.betas = (float(betas[0]), float(betas[1]))
@@ -34,7 +38,9 @@ class NumpyOptimizer:
         self.weight_decay = float(kwargs.pop("weight_decay", default_wd))
         self.momentum = float(kwargs.pop("momentum", 0.0))
         if kwargs:
-            raise ValueError(f"unsupported options for optimizer {self.name!r}: {sorted(kwargs)}")
+            raise InvalidArgumentError(
+                f"unsupported options for optimizer {self.name!r}: {sorted(kwargs)}"
+            )
         self.state: dict[str, np.ndarray] = {}
         self.steps = 0
 
@@ -101,7 +107,9 @@ class LRSchedule:
 
     def __init__(self, name: str = "constant", **kwargs):
         if name not in self._NAMES:
-            raise ValueError(f"unknown lr scheduler {name!r}; the mock supports {self._NAMES}")
+            raise InvalidArgumentError(
+                f"unknown lr scheduler {name!r}; the mock supports {self._NAMES}"
+            )
         self.name = name
         self.kwargs = dict(kwargs)
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from twinkle.errors import InvalidArgumentError
 from twinkle.model.lora import RowRoute
 from twinkle.model.metrics import MetricAccumulator
 from twinkle.model.tenant import Tenant
@@ -62,9 +63,11 @@ def collate(
     input_ids = tensors["input_ids"]
     vocab = model.model.get_input_embeddings().weight.shape[0]
     if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
-        raise ValueError(f"input_ids out of the vocabulary range [0, {vocab})")
+        raise InvalidArgumentError(f"input_ids out of the vocabulary range [0, {vocab})")
     if "labels" not in tensors and "target_tokens" not in tensors:
-        raise ValueError("inputs carry no labels: encode them with a template or pass labels")
+        raise InvalidArgumentError(
+            "inputs carry no labels: encode them with a template or pass labels"
+        )
     rows, seq = input_ids.shape
     # Tinker-style inputs carry ``target_tokens`` already aligned with the positions (the target
     # AT position t): no shift, for the targets and for the per-token extras alike.
@@ -104,7 +107,7 @@ def _aligned_targets(tensors: dict[str, torch.Tensor], vocab: int) -> torch.Tens
         targets[tensors["attention_mask"] == 0] = IGNORE_INDEX
     real = targets[targets != IGNORE_INDEX]
     if real.numel() and (int(real.min()) < 0 or int(real.max()) >= vocab):
-        raise ValueError(f"target_tokens out of the vocabulary range [0, {vocab})")
+        raise InvalidArgumentError(f"target_tokens out of the vocabulary range [0, {vocab})")
     return targets
 
 
@@ -115,12 +118,12 @@ def _aligned_float(value: Any, rows: int, seq: int, name: str) -> torch.Tensor:
     if all(np.ndim(v) == 0 for v in value):
         return as_float_tensor(value, rows, seq, name)
     if len(value) != rows:
-        raise ValueError(f"{name}: {len(value)} rows of values for {rows} rows of inputs")
+        raise InvalidArgumentError(f"{name}: {len(value)} rows of values for {rows} rows of inputs")
     out = torch.zeros(rows, seq, dtype=torch.float32)
     for i, row in enumerate(value):
         row = np.asarray(row, dtype=np.float32).reshape(-1)
         if row.shape[0] > seq:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"{name}: row {i} has {row.shape[0]} values, longer than its {seq} tokens"
             )
         out[i, : row.shape[0]] = torch.from_numpy(row)
@@ -144,7 +147,7 @@ def _check_lengths(tenant: Tenant, template: Any, features: list[Any]) -> None:
     for i, feature in enumerate(features):
         length = len(feature["input_ids"])
         if length > limit:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"adapter {tenant.name!r}: sample {i} has {length} tokens, over max_length={limit}"
             )
 
@@ -243,13 +246,13 @@ def compute_loss(model, tenant: Tenant, state: ForwardState, kwargs: dict[str, A
 def fused_forward_backward(model, requests: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """See ``MultiLoraTransformersModel.forward_backward_many``."""
     if not requests:
-        raise ValueError("forward_backward_many needs at least one request")
+        raise InvalidArgumentError("forward_backward_many needs at least one request")
     states = []
     for name, request in requests.items():
         tenant = model._tenant(name)
         request = dict(request)
         if "inputs" not in request:
-            raise ValueError(f"request for adapter {name!r} has no 'inputs'")
+            raise InvalidArgumentError(f"request for adapter {name!r} has no 'inputs'")
         states.append(collate(model, tenant, request.pop("inputs"), request))
     tenants = [model.tenants[state.tenant] for state in states]
     # Where every tenant's .grad already is its flat buffer (from its previous steps) the layers

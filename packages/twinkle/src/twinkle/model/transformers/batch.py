@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from twinkle.errors import InvalidArgumentError
+
 IGNORE_INDEX = -100
 PER_TOKEN_KEYS = ("advantages", "old_logprobs", "ref_logprobs", "weights")
 
@@ -75,16 +77,18 @@ def as_float_tensor(value: Any, rows: int, seq: int, name: str) -> torch.Tensor:
     ):
         array = np.asarray(value, dtype=np.float32).reshape(-1)
         if array.shape[0] != rows:
-            raise ValueError(f"{name}: {array.shape[0]} values for {rows} rows")
+            raise InvalidArgumentError(f"{name}: {array.shape[0]} values for {rows} rows")
         return torch.from_numpy(array.copy())
     rows_list = list(value)
     if len(rows_list) != rows:
-        raise ValueError(f"{name}: {len(rows_list)} rows of values for {rows} rows of inputs")
+        raise InvalidArgumentError(
+            f"{name}: {len(rows_list)} rows of values for {rows} rows of inputs"
+        )
     out = torch.zeros(rows, seq, dtype=torch.float32)
     for i, row in enumerate(rows_list):
         row = np.asarray(row, dtype=np.float32).reshape(-1)
         if row.shape[0] > seq:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"{name}: row {i} has {row.shape[0]} values, longer than its {seq} tokens"
             )
         out[i, : row.shape[0]] = torch.from_numpy(row)
@@ -101,10 +105,12 @@ def split_inputs(inputs: Any) -> tuple[list[Any], bool]:
         inputs = [inputs]
     items = list(inputs)
     if not items:
-        raise ValueError("inputs is empty")
+        raise InvalidArgumentError("inputs is empty")
     needs_template = [not _has_tokens(item) for item in items]
     if any(needs_template) and not all(needs_template):
-        raise ValueError("inputs mix encoded features and raw trajectories; pass one kind")
+        raise InvalidArgumentError(
+            "inputs mix encoded features and raw trajectories; pass one kind"
+        )
     return items, needs_template[0]
 
 

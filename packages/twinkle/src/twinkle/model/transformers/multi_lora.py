@@ -8,6 +8,12 @@ from typing import Any
 
 import torch
 
+from twinkle.errors import (
+    ArgumentTypeError,
+    InvalidArgumentError,
+    StateOrderError,
+    UnknownAdapterError,
+)
 from twinkle.model.flat import FlatAdapter
 from twinkle.model.lora import (
     LoraRouter,
@@ -90,16 +96,18 @@ class MultiLoraTransformersModel:
             ValueError: Duplicate name, rank <= 0, bad accumulation steps, or no matching module.
         """
         if adapter_name in self.tenants:
-            raise ValueError(f"adapter {adapter_name!r} already exists on this model")
+            raise InvalidArgumentError(f"adapter {adapter_name!r} already exists on this model")
         if self.max_adapters is not None and len(self.tenants) >= self.max_adapters:
-            raise ValueError(f"{type(self).__name__} holds at most {self.max_adapters} adapter(s)")
+            raise InvalidArgumentError(
+                f"{type(self).__name__} holds at most {self.max_adapters} adapter(s)"
+            )
         if not isinstance(gradient_accumulation_steps, int) or gradient_accumulation_steps < 1:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"gradient_accumulation_steps must be an integer >= 1, got {gradient_accumulation_steps!r}"
             )
         spec = adapter_spec_from_config(adapter_name, config, seed=kwargs.pop("seed", self.seed))
         if kwargs:
-            raise TypeError(f"unexpected arguments: {', '.join(kwargs)}")
+            raise ArgumentTypeError(f"unexpected arguments: {', '.join(kwargs)}")
         resolve_target_modules(self.model, spec.target_modules)  # fail before touching the model
         inject_adapter(self.model, self.router, spec)
         self.tenants[adapter_name] = Tenant(
@@ -128,13 +136,17 @@ class MultiLoraTransformersModel:
             if len(self.tenants) == 1:
                 return next(iter(self.tenants.values()))
             if not self.tenants:
-                raise ValueError("no adapter on this model: call add_adapter_to_model first")
-            raise ValueError(
+                raise UnknownAdapterError(
+                    "no adapter on this model: call add_adapter_to_model first"
+                )
+            raise InvalidArgumentError(
                 f"several adapters exist ({', '.join(self.tenants)}): pass adapter_name="
             )
         if adapter_name not in self.tenants:
             known = ", ".join(self.tenants) or "none"
-            raise ValueError(f"unknown adapter {adapter_name!r}; adapters on this model: {known}")
+            raise UnknownAdapterError(
+                f"unknown adapter {adapter_name!r}; adapters on this model: {known}"
+            )
         return self.tenants[adapter_name]
 
     # ------------------------------------------------------------ configuration
@@ -235,7 +247,7 @@ class MultiLoraTransformersModel:
         """Apply the tenant's loss to the last ``forward``; returns the loss value."""
         tenant = self._tenant(adapter_name)
         if tenant.last_forward is None:
-            raise RuntimeError(f"adapter {tenant.name!r}: call forward before calculate_loss")
+            raise StateOrderError(f"adapter {tenant.name!r}: call forward before calculate_loss")
         _steps.add_loss_inputs(tenant.last_forward, kwargs)
         _steps.compute_loss(self, tenant, tenant.last_forward, kwargs)
         return float(tenant.last_forward.loss_output.loss.detach())
@@ -245,7 +257,7 @@ class MultiLoraTransformersModel:
         tenant = self._tenant(adapter_name)
         state = tenant.last_forward
         if state is None or state.loss_output is None:
-            raise RuntimeError(
+            raise StateOrderError(
                 f"adapter {tenant.name!r}: call forward and calculate_loss before backward"
             )
         _steps.attach_grads([tenant])
@@ -304,7 +316,7 @@ class MultiLoraTransformersModel:
         tenant = self._tenant(adapter_name)
         grads = _grads(tenant)
         if not tenant.pending_grads or not grads:
-            raise RuntimeError(
+            raise StateOrderError(
                 f"adapter {tenant.name!r} has no gradients: call forward_backward first"
             )
         with one_thread(small_on_cpu(grads)):
@@ -316,7 +328,7 @@ class MultiLoraTransformersModel:
         """One optimizer step for the tenant (Adam with lr 1e-4 if none was set)."""
         tenant = self._tenant(adapter_name)
         if not tenant.pending_grads:
-            raise RuntimeError(
+            raise StateOrderError(
                 f"adapter {tenant.name!r} has no gradients: call forward_backward before step"
             )
         if tenant.optimizer is None:
@@ -357,12 +369,12 @@ class MultiLoraTransformersModel:
 
         tenants = [self._tenant(name) for name in adapter_names]
         if len({t.name for t in tenants}) != len(tenants):
-            raise ValueError(f"adapter names repeat in {list(adapter_names)!r}")
+            raise InvalidArgumentError(f"adapter names repeat in {list(adapter_names)!r}")
         grads_of: dict[str, list[torch.Tensor]] = {}
         for tenant in tenants:
             grads_of[tenant.name] = _grads(tenant)  # checks the flat buffer's views once
             if not tenant.pending_grads or not grads_of[tenant.name]:
-                raise RuntimeError(
+                raise StateOrderError(
                     f"adapter {tenant.name!r} has no gradients: call forward_backward before step"
                 )
         stepping = []

@@ -1,0 +1,51 @@
+"""Errors that mean "the caller did something wrong", as opposed to a fault of the library.
+
+Each one also subclasses the builtin exception the library raised for the same mistake before,
+so ``except ValueError`` and ``pytest.raises(RuntimeError)`` keep working. The server answers
+these with a 4xx status; any other exception is treated as its own fault (5xx).
+"""
+
+from __future__ import annotations
+
+
+class TwinkleError(Exception):
+    """Base class of the caller's mistakes."""
+
+
+class InvalidArgumentError(TwinkleError, ValueError):
+    """An argument has a wrong value or shape (unknown name, out of range, mismatched rows)."""
+
+
+class ArgumentTypeError(TwinkleError, TypeError):
+    """An argument has the wrong type, or an unexpected argument was passed."""
+
+
+class UnknownAdapterError(InvalidArgumentError, KeyError):
+    """An adapter name that the model does not hold (also a ``ValueError`` and a ``KeyError``)."""
+
+    def __str__(self) -> str:
+        # KeyError would quote the message; show it as written.
+        return str(self.args[0]) if self.args else ""
+
+
+class StateOrderError(TwinkleError, RuntimeError):
+    """A call out of order, such as ``step`` before ``forward_backward``."""
+
+
+class PathNotFoundError(TwinkleError, FileNotFoundError):
+    """A path the caller named (an adapter or checkpoint directory) does not exist."""
+
+
+class PathForbiddenError(TwinkleError, PermissionError):
+    """A path the caller named lies outside the directories it may use."""
+
+
+__all__ = [
+    "ArgumentTypeError",
+    "InvalidArgumentError",
+    "PathForbiddenError",
+    "PathNotFoundError",
+    "StateOrderError",
+    "TwinkleError",
+    "UnknownAdapterError",
+]
