@@ -3,7 +3,7 @@
 ``direct``: the training step's own passes run inside ``direct_weight_grads`` (the default):
 the op adds its weight gradients to each tenant's flat gradient buffer itself, with one
 ``_foreach_add_`` per layer call. ``autograd``: the weights are autograd inputs and every weight
-gets its own edge and ``AccumulateGrad`` node (``_steps.DIRECT_WEIGHT_GRADS = False``).
+gets its own edge and ``AccumulateGrad`` node (``model.direct_weight_grads = False``).
 
 Each round runs fused and limit (see ``multi_tenant_train.py``) under both settings, so the four
 medians see the same machine state. One JSON object per point:
@@ -23,25 +23,21 @@ import multi_tenant_train as mtt
 import torch
 
 from twinkle.model.memory import keep_freed_memory
-from twinkle.model.transformers import _steps
 
 
 def gradients_equal(model_id: str, ranks: tuple[int, ...]) -> bool:
     """Whether two accumulated fused steps give bit-identical gradients under both settings."""
     grads = {}
-    try:
-        for direct in (True, False):
-            _steps.DIRECT_WEIGHT_GRADS = direct
-            model = mtt.MultiLoraTransformersModel(model_id)
-            names = mtt.tenant_names(len(ranks))
-            for name, rank in zip(names, ranks):
-                mtt.add_tenant(model, name, rank, random_b=True)
-            batches = {n: mtt.make_batch(2, 32, seed=i) for i, n in enumerate(names)}
-            for _ in range(2):  # accumulate twice
-                model.forward_backward_many({n: {"inputs": b} for n, b in batches.items()})
-            grads[direct] = [p.grad.clone() for n in names for p in model.tenants[n].params]
-    finally:
-        _steps.DIRECT_WEIGHT_GRADS = True
+    for direct in (True, False):
+        model = mtt.MultiLoraTransformersModel(model_id)
+        model.direct_weight_grads = direct
+        names = mtt.tenant_names(len(ranks))
+        for name, rank in zip(names, ranks):
+            mtt.add_tenant(model, name, rank, random_b=True)
+        batches = {n: mtt.make_batch(2, 32, seed=i) for i, n in enumerate(names)}
+        for _ in range(2):  # accumulate twice
+            model.forward_backward_many({n: {"inputs": b} for n, b in batches.items()})
+        grads[direct] = [p.grad.clone() for n in names for p in model.tenants[n].params]
     return all(torch.equal(a, b) for a, b in zip(grads[True], grads[False]))
 
 
@@ -55,17 +51,14 @@ def run_point(model_id: str, ranks: tuple[int, ...], batch: int, rounds: int) ->
     }
     times: dict[tuple, list[float]] = {key: [] for key in modes}
     warmup = 3
-    try:
-        for i in range(warmup + rounds):
-            keys = list(modes)
-            for key in keys[i % 4 :] + keys[: i % 4]:  # rotate the order every round
-                _steps.DIRECT_WEIGHT_GRADS = key[1]
-                start = time.perf_counter()
-                modes[key]()
-                if i >= warmup:
-                    times[key].append(time.perf_counter() - start)
-    finally:
-        _steps.DIRECT_WEIGHT_GRADS = True
+    for i in range(warmup + rounds):
+        keys = list(modes)
+        for key in keys[i % 4 :] + keys[: i % 4]:  # rotate the order every round
+            model.direct_weight_grads = key[1]
+            start = time.perf_counter()
+            modes[key]()
+            if i >= warmup:
+                times[key].append(time.perf_counter() - start)
     ms = {key: statistics.median(t) * 1e3 for key, t in times.items()}
     return {
         "model": model_id,

@@ -25,8 +25,8 @@ def test_both_settings_give_bit_identical_gradients(bench):
     assert bench.gradients_equal("tiny://qwen3", (8, 16)) is True
 
 
-def test_a_point_reports_both_settings_and_restores_the_default(bench):
-    from twinkle.model.transformers import _steps
+def test_a_point_reports_both_settings_and_leaves_the_default_alone(bench):
+    from twinkle.model import MultiLoraTransformersModel
 
     line = bench.run_point("tiny://qwen3", (16, 16), batch=1, rounds=2)
     assert line["tenants"] == 2 and line["rounds"] == 2
@@ -35,4 +35,4 @@ def test_a_point_reports_both_settings_and_restores_the_default(bench):
     assert line["fused_vs_limit_direct"] == round(
         line["limit_ms_direct"] / line["fused_ms_direct"], 3
     )
-    assert _steps.DIRECT_WEIGHT_GRADS is True
+    assert MultiLoraTransformersModel.direct_weight_grads is True

@@ -12,13 +12,13 @@ from peft import LoraConfig
 from tests.model.conftest import make_batch
 from twinkle.model import MultiLoraTransformersModel
 from twinkle.model.lora import MultiLoraLinear, direct_grads, layer, ops
-from twinkle.model.transformers import _steps
 
 NAMES = ("a", "b", "c")
 
 
-def _model() -> MultiLoraTransformersModel:
+def _model(direct_weight_grads: bool = True) -> MultiLoraTransformersModel:
     model = MultiLoraTransformersModel("tiny://qwen3")
+    model.direct_weight_grads = direct_weight_grads
     for i, name in enumerate(NAMES):
         rank = 8 * 2**i
         config = LoraConfig(r=rank, lora_alpha=2 * rank, init_lora_weights=False)
@@ -89,9 +89,8 @@ def test_direct_steps_equal_autograd_accumulation_bit_for_bit(monkeypatch, kerne
     # directly, once per adapted linear, every tenant's A and B in that one call.
     layers = sum(isinstance(m, MultiLoraLinear) for m in direct.model.modules())
     assert layers > 0 and calls == [2 * len(NAMES)] * (4 * layers)
-    monkeypatch.setattr(_steps, "DIRECT_WEIGHT_GRADS", False)
     calls.clear()
-    plain = _model()
+    plain = _model(direct_weight_grads=False)
     plain_results = _train(plain, 5)
     assert calls == []
     for got, want in zip(direct_results, plain_results):

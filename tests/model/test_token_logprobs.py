@@ -4,8 +4,8 @@ depend on the chunking."""
 import pytest
 import torch
 
-from twinkle.model.transformers import batch as batch_mod
-from twinkle.model.transformers.batch import IGNORE_INDEX, token_logprobs
+from twinkle.model.step import tensors as tensors_mod
+from twinkle.model.step.tensors import IGNORE_INDEX, token_logprobs
 
 
 def _inputs(rows=3, seq=37, vocab=50, seed=0):
@@ -28,8 +28,8 @@ def _expected(logits, targets):
 def test_chunked_logprobs_equal_the_whole_batch(monkeypatch, chunk_tokens):
     vocab = 50
     # chunk = CPU_CHUNK_BYTES // (4 * vocab) tokens; MIN_CHUNK_TOKENS keeps tiny values legal.
-    monkeypatch.setattr(batch_mod, "MIN_CHUNK_TOKENS", 1)
-    monkeypatch.setattr(batch_mod, "CPU_CHUNK_BYTES", chunk_tokens * 4 * vocab)
+    monkeypatch.setattr(tensors_mod, "MIN_CHUNK_TOKENS", 1)
+    monkeypatch.setattr(tensors_mod, "CPU_CHUNK_BYTES", chunk_tokens * 4 * vocab)
     logits, targets = _inputs(vocab=vocab)
     leaf = logits.clone().requires_grad_()
     out = token_logprobs(leaf, targets)
@@ -47,13 +47,13 @@ def test_chunked_logprobs_equal_the_whole_batch(monkeypatch, chunk_tokens):
 def test_chunk_size_follows_the_vocabulary(monkeypatch):
     """~2 MiB of fp32 logits per chunk, never fewer than MIN_CHUNK_TOKENS tokens."""
     calls = []
-    real = batch_mod._nll
+    real = tensors_mod._nll
 
     def spy(logits, targets):
         calls.append(logits.shape[0])
         return real(logits, targets)
 
-    monkeypatch.setattr(batch_mod, "_nll", spy)
+    monkeypatch.setattr(tensors_mod, "_nll", spy)
     token_logprobs(torch.zeros(2, 300, 4096), torch.zeros(2, 300, dtype=torch.long))
     assert calls == [128, 128, 128, 128, 88]  # 2 MiB / (4 B x 4096) = 128 tokens
     calls.clear()

@@ -79,7 +79,7 @@ class LoraRouter:
         Every layer takes this pass's anchor on its input's device (:meth:`anchor`) in place of
         its weights as the op's autograd inputs. The caller's contract: before the forward, every
         routed weight has a ``.grad`` to add to and no gradient hooks, and the graph is only
-        backpropagated with a plain ``.backward()``. ``_steps.fused_forward_backward`` checks
+        backpropagated with a plain ``.backward()``. ``twinkle.model.step.fused_forward_backward`` checks
         this and enters the block only when it holds.
         """
         previous = self._anchors

@@ -1,9 +1,11 @@
-"""Save, load and resume one tenant of a MultiLoraTransformersModel."""
+"""Save, load and resume one tenant of a shared base model (the transformers and megatron
+backends): each function takes the tenant and the base model, not the model class."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +17,11 @@ from twinkle.model.lora import adapter_state_dict, load_adapter_state_dict, reso
 from twinkle.model.tenant import Tenant
 
 
-def _peft_config(model, tenant: Tenant) -> dict[str, Any]:
+def _peft_config(tenant: Tenant, base_model: torch.nn.Module, model_dir: Any) -> dict[str, Any]:
     spec = tenant.spec
     config = {k: v for k, v in spec.peft_config.items() if _jsonable(v)}
     prefix_free = sorted(
-        {n.rsplit(".", 1)[-1] for n in resolve_target_modules(model.model, spec.target_modules)}
+        {n.rsplit(".", 1)[-1] for n in resolve_target_modules(base_model, spec.target_modules)}
     )
     config.update(
         peft_type="LORA",
@@ -30,7 +32,7 @@ def _peft_config(model, tenant: Tenant) -> dict[str, Any]:
         use_rslora=spec.use_rslora,
         # Resolved names, so PEFT and vLLM attach to exactly the layers we trained.
         target_modules=prefix_free if spec.target_modules == "all-linear" else spec.target_modules,
-        base_model_name_or_path=str(model.model_dir),
+        base_model_name_or_path=str(model_dir),
         inference_mode=True,
     )
     return config
@@ -49,13 +51,31 @@ def default_output_dir(tenant: Tenant) -> Path:
 
 
 def save(
-    model,
     tenant: Tenant,
+    base_model: torch.nn.Module,
+    *,
+    model_id: str,
+    model_dir: str | os.PathLike,
     name: str,
-    output_dir,
-    save_optimizer: bool,
-    consumed_train_samples: int | None,
+    output_dir: str | os.PathLike | None = None,
+    save_optimizer: bool = False,
+    consumed_train_samples: int | None = None,
 ) -> str:
+    """Write the tenant's adapter (PEFT layout) and, with ``save_optimizer``, its training state.
+
+    Args:
+        tenant: The tenant to save.
+        base_model: The shared base model its adapter is injected into.
+        model_id: The base model's id, stored to refuse resuming on another model.
+        model_dir: The base model's directory, written as PEFT's ``base_model_name_or_path``.
+        name: Checkpoint directory name (one plain path component).
+        output_dir: Parent directory (``$TWINKLE_OUTPUT_DIR/<adapter>`` when ``None``).
+        save_optimizer: Also write optimizer, scheduler, RNG and pending gradients.
+        consumed_train_samples: Data progress to store instead of the tenant's own count.
+
+    Returns:
+        The checkpoint directory path.
+    """
     ckpt.validate_checkpoint_name(name)
     final = Path(output_dir) / name if output_dir is not None else default_output_dir(tenant) / name
     progress = {
@@ -67,13 +87,13 @@ def save(
             if consumed_train_samples is None
             else int(consumed_train_samples)
         ),
-        "base_model": model.model_id,
+        "base_model": model_id,
         "has_optimizer": bool(save_optimizer and tenant.optimizer is not None),
-        "train_configs": tenant.train_configs(model.model_id).model_dump(),
+        "train_configs": tenant.train_configs(model_id).model_dump(),
     }
     with ckpt.atomic_directory(final) as tmp:
-        ckpt.write_json(tmp / ckpt.ADAPTER_CONFIG, _peft_config(model, tenant))
-        save_file(adapter_state_dict(model.model, tenant.name), str(tmp / ckpt.ADAPTER_WEIGHTS))
+        ckpt.write_json(tmp / ckpt.ADAPTER_CONFIG, _peft_config(tenant, base_model, model_dir))
+        save_file(adapter_state_dict(base_model, tenant.name), str(tmp / ckpt.ADAPTER_WEIGHTS))
         ckpt.write_json(tmp / ckpt.TRAINER_STATE, progress)
         if progress["has_optimizer"]:
             torch.save(tenant.optimizer.state_dict(), tmp / ckpt.OPTIMIZER_STATE)
@@ -85,7 +105,12 @@ def save(
     return str(final)
 
 
-def load_weights(model, tenant: Tenant, path: Path) -> None:
+def load_weights(tenant: Tenant, base_model: torch.nn.Module, path: str | os.PathLike) -> None:
+    """Load adapter weights only into the tenant's adapter on ``base_model``.
+
+    Raises:
+        ValueError: The checkpoint's rank differs from the adapter's.
+    """
     directory = ckpt.require_checkpoint(path)
     config_path = directory / ckpt.ADAPTER_CONFIG
     if config_path.is_file():
@@ -95,11 +120,34 @@ def load_weights(model, tenant: Tenant, path: Path) -> None:
                 f"checkpoint {directory} has rank {saved_rank}, adapter {tenant.name!r} has rank {tenant.spec.r}"
             )
     load_adapter_state_dict(
-        model.model, tenant.name, load_file(str(directory / ckpt.ADAPTER_WEIGHTS))
+        base_model, tenant.name, load_file(str(directory / ckpt.ADAPTER_WEIGHTS))
     )
 
 
-def resume(model, tenant: Tenant, path: Path) -> dict[str, Any]:
+def resume(
+    tenant: Tenant,
+    base_model: torch.nn.Module,
+    model_id: str,
+    path: str | os.PathLike,
+    *,
+    set_optimizer: Callable[..., None],
+    set_lr_scheduler: Callable[..., None],
+) -> dict[str, Any]:
+    """Restore weights, optimizer, scheduler, RNG and progress of the tenant.
+
+    Args:
+        tenant: The tenant to restore.
+        base_model: The shared base model its adapter is injected into.
+        model_id: This model's id; a checkpoint of another base model is refused.
+        path: The checkpoint directory.
+        set_optimizer: ``set_optimizer(name, **config)`` gives the tenant a new optimizer, for a
+            tenant that has none yet (the backend's own rules apply, e.g. megatron's Adam only).
+        set_lr_scheduler: ``set_lr_scheduler(name, **config)`` likewise for the scheduler.
+
+    Returns:
+        The stored progress: ``cur_step``, ``consumed_train_samples``, ``micro_step``,
+        ``adapter_name``, ``base_model``.
+    """
     directory = ckpt.require_checkpoint(path)
     state_path = directory / ckpt.TRAINER_STATE
     if not state_path.is_file():
@@ -111,15 +159,15 @@ def resume(model, tenant: Tenant, path: Path) -> dict[str, Any]:
         raise ValueError(
             f"{directory} was saved without optimizer state (save_optimizer=False): use load() for weights only"
         )
-    if progress.get("base_model") not in (None, model.model_id):
+    if progress.get("base_model") not in (None, model_id):
         raise ValueError(
-            f"{directory} was trained on {progress['base_model']}, this model is {model.model_id}"
+            f"{directory} was trained on {progress['base_model']}, this model is {model_id}"
         )
-    load_weights(model, tenant, directory)
+    load_weights(tenant, base_model, directory)
     if tenant.optimizer is None:
         configs = progress.get("train_configs", {}).get("optimizer") or {"name": "Adam"}
         configs = dict(configs)
-        model.set_optimizer(configs.pop("name"), adapter_name=tenant.name, **configs)
+        set_optimizer(configs.pop("name"), **configs)
     # Built before the optimizer state is loaded: a new scheduler resets the learning rate.
     scheduler_config = progress.get("train_configs", {}).get("lr_scheduler")
     if (
@@ -128,9 +176,7 @@ def resume(model, tenant: Tenant, path: Path) -> dict[str, Any]:
         and (directory / ckpt.SCHEDULER_STATE).is_file()
     ):
         scheduler_config = dict(scheduler_config)
-        model.set_lr_scheduler(
-            scheduler_config.pop("name"), adapter_name=tenant.name, **scheduler_config
-        )
+        set_lr_scheduler(scheduler_config.pop("name"), **scheduler_config)
     tenant.optimizer.load_state_dict(
         torch.load(directory / ckpt.OPTIMIZER_STATE, weights_only=False)
     )

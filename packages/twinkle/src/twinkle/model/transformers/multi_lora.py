@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +29,25 @@ from twinkle.model.lora import (
 )
 from twinkle.model.metrics import Metric
 from twinkle.model.optim import build_optimizer, build_scheduler, check_scheduler_name
+from twinkle.model.step import (
+    ForwardState,
+    TenantBatch,
+    attach_grads,
+    collate,
+    compute_loss,
+    forward_batches,
+    fused_forward_backward,
+    loss_of,
+    public_forward_output,
+    public_output,
+    record_metrics,
+    record_train_metrics,
+    with_loss_inputs,
+)
+from twinkle.model.step.tensors import is_collated
 from twinkle.model.tenant import Tenant, TrainConfigs
 from twinkle.model.threads import one_thread, small_on_cpu
-from twinkle.model.transformers import _steps
-from twinkle.model.transformers.batch import split_inputs
+from twinkle.model.transformers import _checkpoints
 
 
 class MultiLoraTransformersModel:
@@ -50,6 +66,10 @@ class MultiLoraTransformersModel:
     """
 
     max_adapters: int | None = None
+    #: The fused step lets the LoRA layers add weight gradients straight into the tenants' flat
+    #: buffers (same values as autograd's accumulation); an instance turns it off to measure or
+    #: debug.
+    direct_weight_grads: bool = True
 
     def __init__(
         self,
@@ -240,17 +260,18 @@ class MultiLoraTransformersModel:
     ) -> dict[str, Any]:
         """Forward with gradients kept for a later ``calculate_loss`` + ``backward``."""
         tenant = self._tenant(adapter_name)
-        tenant.last_forward = _steps.forward(self, tenant, inputs, kwargs, grad=True)
-        return _steps.public_forward_output(tenant.last_forward)
+        tenant.last_forward = self._forward(tenant, inputs, kwargs, grad=True)
+        return public_forward_output(tenant.last_forward)
 
     def calculate_loss(self, adapter_name: str | None = None, **kwargs: Any) -> float:
         """Apply the tenant's loss to the last ``forward``; returns the loss value."""
         tenant = self._tenant(adapter_name)
         if tenant.last_forward is None:
             raise StateOrderError(f"adapter {tenant.name!r}: call forward before calculate_loss")
-        _steps.add_loss_inputs(tenant.last_forward, kwargs)
-        _steps.compute_loss(self, tenant, tenant.last_forward, kwargs)
-        return float(tenant.last_forward.loss_output.loss.detach())
+        state = tenant.last_forward
+        state.batch = with_loss_inputs(state.batch, kwargs)
+        compute_loss(state, loss_of(state.batch, tenant))
+        return float(state.loss_output.loss.detach())
 
     def backward(self, adapter_name: str | None = None) -> None:
         """Backpropagate the last calculated loss into the tenant's adapter gradients."""
@@ -260,9 +281,9 @@ class MultiLoraTransformersModel:
             raise StateOrderError(
                 f"adapter {tenant.name!r}: call forward and calculate_loss before backward"
             )
-        _steps.attach_grads([tenant])
+        attach_grads([tenant])
         (state.loss_output.loss / tenant.gradient_accumulation_steps).backward()
-        _steps.record_train_metrics(tenant, state)
+        record_train_metrics(tenant, state)
         tenant.last_forward = None
 
     def forward_backward(
@@ -296,7 +317,22 @@ class MultiLoraTransformersModel:
             Each tenant's ``forward_backward`` result. Gradients land only in each tenant's adapter
             and equal those of separate per-tenant passes.
         """
-        return _steps.fused_forward_backward(self, requests)
+        batches, tenants = [], []
+        for name, request in requests.items():
+            tenant = self._tenant(name)
+            request = dict(request)
+            if "inputs" not in request:
+                raise InvalidArgumentError(f"request for adapter {name!r} has no 'inputs'")
+            batches.append(self._collate(tenant, request.pop("inputs"), request))
+            tenants.append(tenant)
+        return fused_forward_backward(
+            self.model,
+            self.router,
+            self.device,
+            batches,
+            tenants,
+            direct_weight_grads=self.direct_weight_grads,
+        )
 
     def forward_only(
         self, inputs: Any, adapter_name: str | None = None, **kwargs: Any
@@ -304,10 +340,31 @@ class MultiLoraTransformersModel:
         """Forward without gradients; returns loss and per-row target log-probabilities."""
         tenant = self._tenant(adapter_name)
         with torch.no_grad():
-            state = _steps.forward(self, tenant, inputs, kwargs, grad=False)
-            _steps.compute_loss(self, tenant, state, kwargs)
-        _steps.record_metrics(tenant.eval_metrics, state)
-        return _steps.public_output(state)
+            state = self._forward(tenant, inputs, kwargs, grad=False)
+            compute_loss(state, loss_of(state.batch, tenant))
+        record_metrics(tenant.eval_metrics, state)
+        return public_output(state)
+
+    def _collate(self, tenant: Tenant, inputs: Any, kwargs: dict[str, Any]) -> TenantBatch:
+        """The tenant's inputs as a batch; its template and processor are only looked up (and
+        built when first used) for inputs that are not collated tensors yet."""
+        raw = not is_collated(inputs)
+        return collate(
+            tenant.name,
+            inputs,
+            kwargs,
+            template=self._template(tenant) if raw else None,
+            processor=self._processor(tenant) if raw else None,
+            vocab_size=self.model.get_input_embeddings().weight.shape[0],
+        )
+
+    def _forward(
+        self, tenant: Tenant, inputs: Any, kwargs: dict[str, Any], grad: bool
+    ) -> ForwardState:
+        batch = self._collate(tenant, inputs, kwargs)
+        return forward_batches(
+            self.model, self.router, self.device, [batch], [loss_of(batch, tenant)], grad=grad
+        )[0]
 
     def clip_grad_norm(self, max_grad_norm: float = 1.0, adapter_name: str | None = None) -> float:
         """Clip the tenant's gradient norm; returns the norm before clipping."""
@@ -427,31 +484,35 @@ class MultiLoraTransformersModel:
         Returns:
             The checkpoint directory path.
         """
-        from twinkle.model.transformers import _checkpoints
-
         return _checkpoints.save(
-            self,
             self._tenant(adapter_name),
-            name,
-            output_dir,
-            save_optimizer,
-            consumed_train_samples,
+            self.model,
+            model_id=self.model_id,
+            model_dir=self.model_dir,
+            name=name,
+            output_dir=output_dir,
+            save_optimizer=save_optimizer,
+            consumed_train_samples=consumed_train_samples,
         )
 
     def load(self, path: str | os.PathLike, adapter_name: str | None = None, **kwargs: Any) -> None:
         """Load adapter weights only (no optimizer or progress) from a checkpoint directory."""
-        from twinkle.model.transformers import _checkpoints
-
-        _checkpoints.load_weights(self, self._tenant(adapter_name), Path(path))
+        _checkpoints.load_weights(self._tenant(adapter_name), self.model, Path(path))
 
     def resume_from_checkpoint(
         self, path: str | os.PathLike, adapter_name: str | None = None
     ) -> dict[str, Any]:
         """Restore weights, optimizer, scheduler, RNG and progress; returns the progress dict
         (``cur_step``, ``consumed_train_samples``, ...)."""
-        from twinkle.model.transformers import _checkpoints
-
-        return _checkpoints.resume(self, self._tenant(adapter_name), Path(path))
+        tenant = self._tenant(adapter_name)
+        return _checkpoints.resume(
+            tenant,
+            self.model,
+            self.model_id,
+            Path(path),
+            set_optimizer=partial(self.set_optimizer, adapter_name=tenant.name),
+            set_lr_scheduler=partial(self.set_lr_scheduler, adapter_name=tenant.name),
+        )
 
     def adapter_state_dict(self, adapter_name: str | None = None) -> dict[str, torch.Tensor]:
         """A copy of the tenant's adapter weights, PEFT-keyed."""
@@ -467,7 +528,7 @@ class MultiLoraTransformersModel:
         return self.router.route(routes)
 
 
-__all__ = ["MultiLoraTransformersModel", "split_inputs"]
+__all__ = ["MultiLoraTransformersModel"]
 
 
 def _discard_grads(tenant: Tenant, checked_flat: FlatAdapter | None = None) -> None:

@@ -35,11 +35,9 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
     On the CPU the tokens go through the cross-entropy in chunks of ~2 MiB of fp32 logits: a
     whole batch's log-softmax and its gradient stream several [tokens, vocab] tensors through
-    memory, while a chunk's stay in cache. Measured on the 2-core development machine
-    (forward + backward with the output projection): vocab 4k x 1024 tokens 13.4 -> 10.1 ms,
-    4k x 4096 104 -> 73 ms, 32k x 1024 208 -> 147 ms, 152k x 512 466 -> 370 ms. The values are
-    the same (each token's log-probability depends only on its own row). Accelerator tensors take
-    one call, as kernel launches there cost more than the cache saves.
+    memory, while a chunk's stay in cache (measurements: docs/performance-history.md). The values
+    are the same (each token's log-probability depends only on its own row). Accelerator tensors
+    take one call, as kernel launches there cost more than the cache saves.
     """
     batch, seq, vocab = logits.shape
     flat_logits = logits.reshape(batch * seq, vocab)

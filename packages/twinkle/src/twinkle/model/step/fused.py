@@ -1,0 +1,93 @@
+"""The fused training step: several tenants' batches through one base-model pass, each tenant's
+own loss on its own rows, one backward into every tenant's adapter gradients."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+
+from twinkle.errors import InvalidArgumentError
+from twinkle.model.lora import LoraRouter
+from twinkle.model.step.batch import TenantBatch
+from twinkle.model.step.loss import compute_loss, loss_of, public_output, record_train_metrics
+from twinkle.model.step.passes import forward_batches
+from twinkle.model.tenant import Tenant
+
+
+def fused_forward_backward(
+    base_model: torch.nn.Module,
+    router: LoraRouter,
+    device: torch.device,
+    batches: Sequence[TenantBatch],
+    tenants: Sequence[Tenant],
+    *,
+    direct_weight_grads: bool,
+) -> dict[str, dict[str, Any]]:
+    """Forward, loss and backward of every batch in one pass over the base model.
+
+    Args:
+        base_model: The shared base model, adapters injected.
+        router: The router of the base model's multi-LoRA layers.
+        device: Where the base model runs.
+        batches: One collated batch per tenant (at least one).
+        tenants: ``tenants[i]`` owns ``batches[i]``.
+        direct_weight_grads: Let the LoRA layers add their weight gradients straight into the
+            tenants' flat gradient buffers where that gives what autograd would (see
+            ``LoraRouter.direct_weight_grads``); ``False`` always leaves it to autograd.
+
+    Returns:
+        ``{tenant name: {'loss', 'logprobs', 'num_tokens', 'metrics'}}``. Each tenant's ``.grad``
+        gains the gradient of ``loss / gradient_accumulation_steps``, as a pass of its own would
+        give it. A loss that fails leaves every ``.grad`` as it was.
+
+    Raises:
+        InvalidArgumentError: No batch.
+    """
+    if not batches:
+        raise InvalidArgumentError("forward_backward_many needs at least one request")
+    direct = _direct_grads_ok(tenants, direct_weight_grads)
+    losses = [loss_of(batch, tenant) for batch, tenant in zip(batches, tenants)]
+    with router.direct_weight_grads() if direct else nullcontext():
+        states = forward_batches(base_model, router, device, batches, losses, grad=True)
+    total = None
+    for state, tenant, loss in zip(states, tenants, losses):
+        compute_loss(state, loss)
+        scaled = state.loss_output.loss / tenant.gradient_accumulation_steps
+        total = scaled if total is None else total + scaled
+    # Attached here, not before the forward, so that a request that fails leaves .grad as it
+    # was; a direct pass found them attached already.
+    if not direct:
+        attach_grads(tenants)
+    total.backward()
+    for state, tenant in zip(states, tenants):
+        record_train_metrics(tenant, state)
+    return {state.batch.tenant: public_output(state) for state in states}
+
+
+def attach_grads(tenants: Sequence[Tenant]) -> None:
+    """Before a backward: gradients accumulate into each tenant's flat buffer (``flat.py``)."""
+    for tenant in tenants:
+        if tenant.flat is not None:
+            tenant.flat.attach_grads()
+
+
+def _direct_grads_ok(tenants: Sequence[Tenant], enabled: bool) -> bool:
+    """Whether the step may use ``direct_weight_grads``: it is ``enabled``, every tenant's
+    ``.grad`` already is its flat buffer (attached at its first backward and kept by
+    ``zero_grad``), and no adapter weight is frozen or carries a gradient hook (which only
+    autograd's ``AccumulateGrad`` would run)."""
+    return enabled and all(
+        tenant.flat is not None
+        and tenant.flat.owns_grads()
+        and not any(
+            not p.requires_grad or p._backward_hooks or p._post_accumulate_grad_hooks
+            for p in tenant.params
+        )
+        for tenant in tenants
+    )
+
+
+__all__ = ["attach_grads", "fused_forward_backward"]
