@@ -23,14 +23,16 @@ import multi_tenant_train as mtt
 import torch
 
 from twinkle.model.memory import keep_freed_memory
+from twinkle.model.options import ExecutionOptions
 
 
 def gradients_equal(model_id: str, ranks: tuple[int, ...]) -> bool:
     """Whether two accumulated fused steps give bit-identical gradients under both settings."""
     grads = {}
     for direct in (True, False):
-        model = mtt.MultiLoraTransformersModel(model_id)
-        model.direct_weight_grads = direct
+        model = mtt.MultiLoraTransformersModel(
+            model_id, options=ExecutionOptions(direct_weight_grads=direct)
+        )
         names = mtt.tenant_names(len(ranks))
         for name, rank in zip(names, ranks):
             mtt.add_tenant(model, name, rank, random_b=True)
@@ -42,19 +44,26 @@ def gradients_equal(model_id: str, ranks: tuple[int, ...]) -> bool:
 
 
 def run_point(model_id: str, ranks: tuple[int, ...], batch: int, rounds: int) -> dict:
-    model, batches, concatenated = mtt.setup_point(mtt.Point(model_id, ranks, batch))
+    # Two models, identical but for the option (same seeds, same tenants), timed in turns.
+    point = mtt.Point(model_id, ranks, batch)
+    built = {
+        direct: mtt.setup_point(point, ExecutionOptions(direct_weight_grads=direct))
+        for direct in (True, False)
+    }
     modes = {
-        ("fused", True): lambda: mtt.step_fused(model, batches),
-        ("limit", True): lambda: mtt.step_limit(model, concatenated),
-        ("fused", False): lambda: mtt.step_fused(model, batches),
-        ("limit", False): lambda: mtt.step_limit(model, concatenated),
+        (kind, direct): (
+            (lambda m=model, b=batches: mtt.step_fused(m, b))
+            if kind == "fused"
+            else (lambda m=model, c=concatenated: mtt.step_limit(m, c))
+        )
+        for direct, (model, batches, concatenated) in built.items()
+        for kind in ("fused", "limit")
     }
     times: dict[tuple, list[float]] = {key: [] for key in modes}
     warmup = 3
     for i in range(warmup + rounds):
         keys = list(modes)
         for key in keys[i % 4 :] + keys[: i % 4]:  # rotate the order every round
-            model.direct_weight_grads = key[1]
             start = time.perf_counter()
             modes[key]()
             if i >= warmup:

@@ -42,6 +42,7 @@ from peft import LoraConfig  # noqa: E402
 
 from twinkle.model import MultiLoraTransformersModel  # noqa: E402
 from twinkle.model.memory import keep_freed_memory  # noqa: E402
+from twinkle.model.options import ExecutionOptions  # noqa: E402
 from twinkle.model.threads import one_thread  # noqa: E402
 
 MODELS = ("tiny://qwen3.5", "tiny://qwen3.5-25m")
@@ -193,10 +194,13 @@ def small_gemm_us(calls: int = 1000) -> dict[str, float]:
     return out
 
 
-def setup_point(point: Point) -> tuple[MultiLoraTransformersModel, dict[str, dict], dict]:
-    """A model with the point's tenants and the ``limit`` adapter (rank: the tenants' mean),
-    each tenant's batch, and those batches concatenated (``limit``'s input)."""
-    model = MultiLoraTransformersModel(point.model)
+def setup_point(
+    point: Point, options: ExecutionOptions | None = None
+) -> tuple[MultiLoraTransformersModel, dict[str, dict], dict]:
+    """A model (built with ``options``) with the point's tenants and the ``limit`` adapter
+    (rank: the tenants' mean), each tenant's batch, and those batches concatenated
+    (``limit``'s input)."""
+    model = MultiLoraTransformersModel(point.model, options=options)
     names = tenant_names(point.tenants)
     for name, rank in zip(names, point.ranks):
         add_tenant(model, name, rank)

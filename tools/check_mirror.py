@@ -34,14 +34,29 @@ ALLOWED: dict[str, str] = {
     "model.MultiLoraTransformersModel.load_adapter_state_dict": "weights stay on the server; use "
     "load(twinkle_path)",
     "model.MultiLoraTransformersModel.routes": "direct calls into the torch model only exist locally",
+    "model.MultiLoraTransformersModel.tenant": "a tenant's live state (tensors, optimizer) stays on "
+    "the server; get_train_configs() reports its configuration",
+    "model.MultiLoraTransformersModel.capabilities": "what the backend can fuse is the server's "
+    "concern: it fuses waiting calls by itself",
+    "model.MultiLoraTransformersModel.__init__": "adds options= (ExecutionOptions): a remote "
+    "model's execution is the server's execution: block",
+    "model.MultiLoraTransformersModel.direct_weight_grads": "an execution option: the server's "
+    "execution: block sets it",
     "model.TransformersModel.forward_backward_many": "inherited: same reason as for MultiLoraTransformersModel",
     "model.TransformersModel.clip_grad_and_step_many": "inherited: same reason as for MultiLoraTransformersModel",
     "model.TransformersModel.adapter_state_dict": "inherited: same reason as for MultiLoraTransformersModel",
     "model.TransformersModel.load_adapter_state_dict": "inherited: same reason as for MultiLoraTransformersModel",
     "model.TransformersModel.routes": "inherited: same reason as for MultiLoraTransformersModel",
+    "model.TransformersModel.tenant": "inherited: same reason as for MultiLoraTransformersModel",
+    "model.TransformersModel.__init__": "inherited: same reason as for MultiLoraTransformersModel",
+    "model.TransformersModel.direct_weight_grads": "inherited: same reason as for "
+    "MultiLoraTransformersModel",
+    "model.TransformersModel.capabilities": "inherited: same reason as for MultiLoraTransformersModel",
     "sampler.Sampler.prepare_prompts": "prompts are rendered on the server with its template",
     "sampler.Sampler.stop_token_ids": "the server's template decides the stop tokens",
     "sampler.TorchSampler.prepare_prompts": "inherited: same reason as for Sampler",
+    "sampler.TorchSampler.__init__": "adds options= (ExecutionOptions): a remote sampler's "
+    "execution is the server's execution: block",
     "sampler.TorchSampler.stop_token_ids": "inherited: same reason as for Sampler",
     "sampler.MockSampler.prepare_prompts": "inherited: same reason as for Sampler",
     "sampler.MockSampler.stop_token_ids": "inherited: same reason as for Sampler",

@@ -6,8 +6,8 @@ import inspect
 import pytest
 
 SURFACES = {
-    "twinkle_client.data_format": {"InputFeature", "Message", "Role", "Trajectory"},
-    "twinkle.data_format": {"InputFeature", "Message", "Role", "Trajectory"},
+    "twinkle_client.data_format": {"IGNORE_INDEX", "InputFeature", "Message", "Role", "Trajectory"},
+    "twinkle.data_format": {"IGNORE_INDEX", "InputFeature", "Message", "Role", "Trajectory"},
     "twinkle.template": {
         "IGNORE_INDEX",
         "TRUNCATION_STRATEGIES",

@@ -124,6 +124,7 @@ def test_public_surface():
         "LossOutput",
         "PPOLoss",
         "TinkerCrossEntropyLoss",
+        "loss_from_spec",
         "get_loss",
         "known_losses",
         "register_loss",

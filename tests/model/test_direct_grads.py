@@ -12,13 +12,15 @@ from peft import LoraConfig
 from tests.model.conftest import make_batch
 from twinkle.model import MultiLoraTransformersModel
 from twinkle.model.lora import MultiLoraLinear, direct_grads, layer, ops
+from twinkle.model.options import ExecutionOptions
 
 NAMES = ("a", "b", "c")
 
 
 def _model(direct_weight_grads: bool = True) -> MultiLoraTransformersModel:
-    model = MultiLoraTransformersModel("tiny://qwen3")
-    model.direct_weight_grads = direct_weight_grads
+    model = MultiLoraTransformersModel(
+        "tiny://qwen3", options=ExecutionOptions(direct_weight_grads=direct_weight_grads)
+    )
     for i, name in enumerate(NAMES):
         rank = 8 * 2**i
         config = LoraConfig(r=rank, lora_alpha=2 * rank, init_lora_weights=False)

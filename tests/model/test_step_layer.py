@@ -11,6 +11,7 @@ from peft import LoraConfig
 
 from tests.model.conftest import make_batch
 from twinkle.model import MultiLoraTransformersModel
+from twinkle.model.options import ExecutionOptions
 from twinkle.model.step import TenantBatch, collate, fused_forward_backward, with_loss_inputs
 from twinkle.model.step.tensors import shift_left
 from twinkle.processor import InputProcessor
@@ -90,8 +91,9 @@ def test_collate_keeps_its_validation_messages():
 
 
 def _model(direct_weight_grads: bool = True) -> MultiLoraTransformersModel:
-    model = MultiLoraTransformersModel("tiny://qwen3")
-    model.direct_weight_grads = direct_weight_grads
+    model = MultiLoraTransformersModel(
+        "tiny://qwen3", options=ExecutionOptions(direct_weight_grads=direct_weight_grads)
+    )
     for i, name in enumerate(NAMES):
         config = LoraConfig(r=4 * (i + 1), lora_alpha=8, init_lora_weights=False)
         model.add_adapter_to_model(name, config)

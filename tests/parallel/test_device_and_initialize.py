@@ -80,6 +80,7 @@ def test_only_transformers_has_data_parallel_replicas(backend):
 
 
 def test_build_service_passes_the_mesh_to_the_backend(monkeypatch):
+    from twinkle.model.options import ExecutionOptions
     from twinkle.server.config import parse_config
     from twinkle.server.model import deployment
 
@@ -111,6 +112,8 @@ def test_build_service_passes_the_mesh_to_the_backend(monkeypatch):
         "dp_size": 2,
         "device_type": "cpu",
         "worker_options": {"num_cpus": 0.25, "resources": {"trainer": 1.0}},
+        # The model's execution options (the config's execution: block, here all defaults).
+        "options": ExecutionOptions.from_env(),
     }
 
 

@@ -13,7 +13,8 @@ from tinker.proto.response_conv import (
 
 from twinkle.server.common import datum_to_input_feature, input_feature_to_datum
 from twinkle.server.errors import BadRequest
-from twinkle.server.gateway import tinker_convert, tinker_wire
+from twinkle.server.tinker import convert as tinker_convert
+from twinkle.server.tinker import wire as tinker_wire
 from twinkle_client.tinker_compat import tinker_api_key, to_tinker_path
 
 

@@ -28,8 +28,20 @@ def full_config_data() -> dict:
     deployment["runtime_env"] = {"env_vars": {"B": "2"}, "pip": ["x"], "working_dir": "."}
     model = data["applications"][1]["args"]
     model["torch_dtype"] = "bfloat16"
-    model["cpu_threads"] = 4
+    model["execution"] = {
+        "lora_kernel": "torch",
+        "direct_weight_grads": True,
+        "small_gemm_one_thread": True,
+        "small_tensor_elements": 32768,
+        "logprob_chunk_bytes": 1 << 20,
+        "fused_adam": True,
+        "malloc_tuning": False,
+        "cpu_threads": 4,
+    }
     model["queue_config"]["max_fuse_wait_ms"] = 5
+    for app in data["applications"]:
+        if app["import_path"] == "sampler":
+            app["args"]["execution"] = {"lora_kernel": "auto", "cpu_threads": 2}
     return data
 
 

@@ -7,6 +7,9 @@ from typing import Any
 
 import numpy as np
 
+IGNORE_INDEX = -100
+"""The label of a position that is not trained (Hugging Face's ``ignore_index``)."""
+
 # Keys that hold token ids and must stay integral whatever the caller passed in.
 _INT_KEYS = ("input_ids", "labels")
 

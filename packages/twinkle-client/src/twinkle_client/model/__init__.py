@@ -4,7 +4,8 @@
 deployment at ``/api/v1/model/Qwen/Qwen3.5-4B`` with the client ``init_twinkle_client`` made.
 """
 
+from twinkle_client.model.adam import AdamParams
 from twinkle_client.model.metrics import Metric
 from twinkle_client.model.multi_lora import MultiLoraTransformersModel, TransformersModel
 
-__all__ = ["Metric", "MultiLoraTransformersModel", "TransformersModel"]
+__all__ = ["AdamParams", "Metric", "MultiLoraTransformersModel", "TransformersModel"]

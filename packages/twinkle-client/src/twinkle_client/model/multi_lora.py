@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from enum import Enum
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from twinkle_client._wire import jsonable, training_inputs
 from twinkle_client.client import TwinkleClient, get_default_client
+from twinkle_client.model.adam import AdamParams
 from twinkle_client.model.metrics import Metric
 from twinkle_client.types import TrainConfigs
 
@@ -217,6 +219,17 @@ class MultiLoraTransformersModel:
         """``clip_grad_norm`` + ``step`` + ``zero_grad`` + ``lr_step`` once every
         ``gradient_accumulation_steps`` calls; returns whether the optimizer stepped."""
         return bool(self._call("clip_grad_and_step", adapter_name, max_grad_norm=max_grad_norm))
+
+    def optim_step(
+        self,
+        adam_params: AdamParams | dict[str, Any] | None = None,
+        adapter_name: str | None = None,
+    ) -> dict[str, float]:
+        """A Tinker-style step: clip to ``grad_clip_norm`` (when > 0), one AdamW step with THIS
+        call's hyper-parameters, zero the gradients; returns ``grad_norm``, ``learning_rate`` and
+        ``step``."""
+        params = AdamParams.coerce(adam_params)  # a bad value fails here, before the request
+        return self._call("optim_step", adapter_name, adam_params=dataclasses.asdict(params))
 
     def calculate_metric(self, is_training: bool = True, adapter_name: str | None = None) -> Metric:
         """Averages since the last call: loss, token_acc, grad_norm, lr, step."""

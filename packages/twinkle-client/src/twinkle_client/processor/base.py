@@ -7,9 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from twinkle_client.data_format import InputFeature
+from twinkle_client.data_format import IGNORE_INDEX, InputFeature
 
-IGNORE_INDEX = -100
 PADDING_SIDES = ("left", "right")
 RETURN_TENSORS = ("pt", "np")
 

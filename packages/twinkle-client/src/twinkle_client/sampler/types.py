@@ -17,9 +17,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from twinkle_client.data_format import InputFeature
+from twinkle_client.data_format import IGNORE_INDEX, InputFeature
 
-IGNORE_INDEX = -100
 StopReason = Literal["stop", "length"]
 
 

@@ -18,18 +18,18 @@ def model_thread() -> ThreadPoolExecutor:
 
     torch's CPU kernels run on an OpenMP thread team per calling thread. A second thread that
     also calls torch (say, the model built on the replica's main thread, trained on a worker)
-    gets a second team, and the two teams' spinning threads fight over the cores: measured on
-    the 2-core development machine, a fused 8-tenant step ran at ~12k tokens/s after one torch
-    call from another thread vs ~20.5k with every call on one thread.
+    gets a second team, and the two teams' spinning threads fight over the cores (a fused step
+    then runs far slower; figures: docs/performance-history.md).
     """
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="twinkle-model")
 
 
 def cpu_threads(app_config: Any) -> int | None:
-    """torch CPU threads for a replica: ``args.cpu_threads``; else ``None`` (leave it) where the
+    """torch CPU threads for a replica: ``args.execution.cpu_threads``; else ``None`` (leave it) where the
     deployment's ``runtime_env`` sets ``OMP_NUM_THREADS``; else every core this process may use
     (Ray gives a replica with fractional ``num_cpus`` one thread)."""
-    configured = getattr(app_config.args, "cpu_threads", None)
+    execution = getattr(app_config.args, "execution", None)
+    configured = execution.cpu_threads if execution is not None else None
     if configured is not None:
         return configured
     if any("OMP_NUM_THREADS" in d.merged_runtime_env().env_vars for d in app_config.deployments):

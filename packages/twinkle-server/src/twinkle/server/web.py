@@ -143,8 +143,8 @@ class StartOnFirstRequest:
     first HTTP request (a Serve replica's loop is not running yet when its app is built).
 
     Pure ASGI on purpose: Starlette's ``@app.middleware("http")`` wraps every request in extra
-    tasks and streams, measured at ~180 us added per request, more than the whole small model
-    request costs without it (~75 us).
+    tasks and streams, which costs more per request than a whole small model request does
+    without it (figures: docs/performance-history.md).
 
     Args:
         app: The wrapped ASGI app.

@@ -4,6 +4,6 @@ They are defined in ``twinkle_client.data_format`` (no torch) and re-exported he
 remote code exchange the very same classes.
 """
 
-from twinkle_client.data_format import InputFeature, Message, Role, Trajectory
+from twinkle_client.data_format import IGNORE_INDEX, InputFeature, Message, Role, Trajectory
 
-__all__ = ["InputFeature", "Message", "Role", "Trajectory"]
+__all__ = ["IGNORE_INDEX", "InputFeature", "Message", "Role", "Trajectory"]

@@ -8,7 +8,7 @@ from twinkle.loss.base import Loss, LossInputs, LossOutput
 from twinkle.loss.cross_entropy import CrossEntropyLoss
 from twinkle.loss.dpo import DPOLoss
 from twinkle.loss.grpo import GRPOLoss
-from twinkle.loss.registry import get_loss, known_losses, register_loss
+from twinkle.loss.registry import get_loss, known_losses, loss_from_spec, register_loss
 from twinkle.loss.tinker import (
     CISPOLoss,
     DROLoss,
@@ -30,6 +30,7 @@ __all__ = [
     "PPOLoss",
     "TinkerCrossEntropyLoss",
     "get_loss",
+    "loss_from_spec",
     "known_losses",
     "register_loss",
 ]

@@ -75,3 +75,13 @@ def get_loss(spec: str | type[Loss] | Loss, **kwargs) -> Loss:
             )
         return cls(**kwargs)
     raise ArgumentTypeError(f"get_loss expects a name, a Loss subclass or a Loss, got {spec!r}")
+
+
+def loss_from_spec(spec: str | dict | type[Loss] | Loss) -> Loss:
+    """A per-request loss: a name, ``{'name': ..., **config}``, a Loss subclass or an instance."""
+    if isinstance(spec, dict):
+        config = dict(spec)
+        if "name" not in config:
+            raise InvalidArgumentError("a loss given as an object needs its 'name'")
+        return get_loss(config.pop("name"), **config)
+    return get_loss(spec)

@@ -9,6 +9,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
+    "AdamParams": "twinkle.model.protocol",
     "MultiLoraTransformersModel": "twinkle.model.transformers",
     "TransformersModel": "twinkle.model.transformers",
     "MockModel": "twinkle.model.mock",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import uuid
 from contextlib import contextmanager
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from twinkle.errors import InvalidArgumentError
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -35,16 +38,32 @@ RNG_STATE = "rng_state.pt"
 PENDING_GRADS = "pending_grads.pt"
 
 
+CHECKPOINT_NAME_MAX_LENGTH = 128
+_CHECKPOINT_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
+
+
 def validate_checkpoint_name(name: str) -> str:
-    """A checkpoint name is one plain path component: no separators, no '..', not absolute.
+    """Return ``name`` if it is one safe path component (the one rule for local and served
+    checkpoints).
+
+    Allowed: ASCII letters, digits, ``-``, ``_`` and ``.``; at most 128 characters; no leading dot
+    and no ``..`` anywhere. This excludes separators, absolute paths, hidden files and look-alike
+    Unicode characters such as the fullwidth slash.
 
     Raises:
-        ValueError: On anything that could escape the output directory.
+        InvalidArgumentError: On anything else.
     """
-    if not isinstance(name, str) or not name.strip():
-        raise ValueError("checkpoint name must be a non-empty string")
-    if name in (".", "..") or "/" in name or "\\" in name or "\x00" in name or name.startswith("."):
-        raise ValueError(f"invalid checkpoint name {name!r}: use one plain directory name")
+    if not isinstance(name, str) or not name:
+        raise InvalidArgumentError("checkpoint name must be a non-empty string")
+    if len(name) > CHECKPOINT_NAME_MAX_LENGTH:
+        raise InvalidArgumentError(
+            f"checkpoint name longer than {CHECKPOINT_NAME_MAX_LENGTH} characters"
+        )
+    if not _CHECKPOINT_NAME.fullmatch(name) or name.startswith(".") or ".." in name:
+        raise InvalidArgumentError(
+            f"invalid checkpoint name {name!r}: use letters, digits, '-', '_' and '.', "
+            "no leading dot, no '..', no path separators"
+        )
     return name
 
 

@@ -2,9 +2,9 @@
 
 A LoRA adapter is many small tensors: A and B of every adapted linear (30 on the tiny model, 392
 on a 28-layer model with every linear adapted). A CPU optimizer step over them pays per tensor:
-the multi-tensor ``_foreach`` kernels and the fused Adam kernel loop over the list, ~2-3 us a
-tensor on the development machine, so the clip and step of eight tiny adapters spent most of
-their time in that loop. With each kind of tensor in one buffer per tenant, a step handles ONE
+the multi-tensor ``_foreach`` kernels and the fused Adam kernel loop over the list, so the clip
+and step of eight tiny adapters spent most of their time in that loop (figures:
+docs/performance-history.md). With each kind of tensor in one buffer per tenant, a step handles ONE
 tensor per tenant:
 
 * weights: every ``lora_A``/``lora_B`` parameter keeps its identity (modules, optimizers and
@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from twinkle.model import torch_compat
+
 
 class FlatAdapter:
     """Contiguous weight, gradient and Adam-state buffers behind one tenant's parameters."""
@@ -57,7 +59,8 @@ class FlatAdapter:
         self.exp_avg: torch.Tensor | None = None
         self.exp_avg_sq: torch.Tensor | None = None
         self.steps: torch.Tensor | None = None
-        self._steps_version = -1  # steps._version when the counts were last known equal
+        # The steps' version counter when their counts were last known equal.
+        self._steps_version: object = -1
 
     @staticmethod
     def build(params: list[torch.nn.Parameter]) -> FlatAdapter | None:
@@ -143,10 +146,10 @@ class FlatAdapter:
         # The step counts change only through the optimizer. When nothing but this class touched
         # them since they were last known equal (same version counter), skip the comparison,
         # which on a GPU would wait for the device.
-        if steps._version != self._steps_version:
+        if torch_compat.tensor_version(steps) != self._steps_version:
             if len(steps) > 1 and not bool((steps == steps[0]).all()):
                 return None  # a tensor stepped alone (it had no gradient): keep per-tensor steps
-            self._steps_version = steps._version
+            self._steps_version = torch_compat.tensor_version(steps)
         return self.param, self.grad, self.exp_avg, self.exp_avg_sq, steps[0]  # type: ignore[return-value]
 
     def sync_steps(self) -> None:
@@ -155,7 +158,7 @@ class FlatAdapter:
         if steps is not None:
             if len(steps) > 1:
                 steps[1:].fill_(steps[0])
-            self._steps_version = steps._version
+            self._steps_version = torch_compat.tensor_version(steps)
 
     def _adopt_state(self, optimizer: torch.optim.Optimizer) -> bool:
         """Move the optimizer's per-parameter Adam state into flat buffers (zeros if it has none)."""

@@ -4,25 +4,25 @@ A training step on the CPU allocates and frees the same large temporaries every 
 their gradient, activations). glibc serves blocks above its mmap threshold with fresh ``mmap``
 pages and returns freed memory at the top of its heap to the OS; either way the next step's
 tensors start on untouched pages, and the kernel's page faults and zero-filling cost as much as
-a good part of the arithmetic. Measured on the 2-core development machine, ``tiny://qwen3.5``:
-8 tenants x 2 x 64 tokens, local fused step: ~22.6k -> ~30.3k tokens/s; 4 mixed-rank tenants x
-1 x 128 tokens: ~16.4k -> ~20.4k. At 8 x 128 tokens per tenant the big tensors are above the
-largest threshold glibc allows (32 MiB) and nothing changes (24.4k both).
+a good part of the arithmetic (figures: docs/performance-history.md). Tensors above the largest
+threshold glibc allows (32 MiB) gain nothing.
 
 :func:`keep_freed_memory` raises the mmap threshold to that maximum and the trim threshold to
 1 GiB, so freed blocks are reused by the next step. The cost: the process keeps its peak heap
 instead of shrinking after a spike. It changes the whole process, so the library never calls it
 on its own: the server's model and sampler replicas do (the server owns those processes), and a
 training script may (``bench/multi_tenant_train.py --keep-freed-memory``).
-``TWINKLE_MALLOC_TUNING=0`` turns it off. It is a no-op on other C libraries and platforms.
+``ExecutionOptions.malloc_tuning`` (default from ``TWINKLE_MALLOC_TUNING``; ``0`` turns it off)
+decides whether a replica calls it. It is a no-op on other C libraries and platforms.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 import platform
 import threading
+
+from twinkle.model.options import ExecutionOptions
 
 # mallopt(3) parameters.
 M_TRIM_THRESHOLD = -1
@@ -34,15 +34,21 @@ _lock = threading.Lock()
 _applied: bool | None = None  # None: not tried yet
 
 
-def keep_freed_memory() -> bool:
+def keep_freed_memory(enabled: bool | None = None) -> bool:
     """Set glibc's thresholds once per process (see the module docstring).
 
+    Args:
+        enabled: ``ExecutionOptions.malloc_tuning``; ``None`` takes the environment's default
+            (``TWINKLE_MALLOC_TUNING=0`` turns it off).
+
     Returns:
-        Whether the settings are in effect: False with ``TWINKLE_MALLOC_TUNING=0``, off glibc, or
-        if glibc refused them.
+        Whether the settings are in effect: False when not enabled, off glibc, or if glibc
+        refused them.
     """
     global _applied
-    if os.environ.get("TWINKLE_MALLOC_TUNING", "1") == "0":
+    if enabled is None:
+        enabled = ExecutionOptions.from_env().malloc_tuning
+    if not enabled:
         return False
     with _lock:
         if _applied is None:

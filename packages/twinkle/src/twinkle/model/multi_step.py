@@ -20,7 +20,8 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 import torch
-from torch.optim.adam import adam as adam_functional
+
+from twinkle.model import torch_compat
 
 if TYPE_CHECKING:
     from twinkle.model.flat import FlatAdapter
@@ -37,7 +38,7 @@ def clip_grad_norms(grad_lists: list[list[torch.Tensor]], max_norm: float) -> li
     flat = [g for grads in grad_lists for g in grads]
     if not flat:
         return [0.0 for _ in grad_lists]
-    per_tensor = torch.stack(torch._foreach_norm(flat))
+    per_tensor = torch.stack(list(torch_compat.foreach_norm(flat)))
     if per_tensor.dtype != torch.float32:
         per_tensor = per_tensor.float()
     counts = [len(grads) for grads in grad_lists]
@@ -50,7 +51,7 @@ def clip_grad_norms(grad_lists: list[list[torch.Tensor]], max_norm: float) -> li
     # float32 arithmetic as torch's: the exact same coefficients, then one multiply over every
     # tensor, each by its own list's coefficient (1.0 = not clipped).
     coefs = torch.clamp(max_norm / (totals + 1e-6), max=1.0).tolist()
-    torch._foreach_mul_(flat, [c for c, n in zip(coefs, counts) for _ in range(n)])
+    torch_compat.foreach_mul_(flat, [c for c, n in zip(coefs, counts) for _ in range(n)])
     return totals.tolist()
 
 
@@ -58,7 +59,7 @@ def _batch_key(optimizer: torch.optim.Optimizer) -> tuple | None:
     """The hyper-parameters a shared fused Adam kernel needs equal, or None if not batchable."""
     if type(optimizer) not in _BATCHABLE or len(optimizer.param_groups) != 1:
         return None
-    if optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks:
+    if torch_compat.adam_functional is None or torch_compat.optimizer_has_step_hooks(optimizer):
         return None
     if getattr(optimizer, "grad_scale", None) is not None:
         return None
@@ -146,7 +147,7 @@ def _fused_adam_step(
                 target.append(value)
             lists[5].append(step)
             flat_members.append(flat)
-    adam_functional(
+    torch_compat.adam_functional(
         *lists,
         fused=True,
         has_complex=has_complex,

@@ -19,9 +19,12 @@ OPTIMIZERS = {
 
 
 def build_optimizer(
-    spec: Any, params: list[torch.nn.Parameter], **kwargs: Any
+    spec: Any, params: list[torch.nn.Parameter], fused_adam: bool = True, **kwargs: Any
 ) -> torch.optim.Optimizer:
     """An optimizer from a name in :data:`OPTIMIZERS` or a ``torch.optim.Optimizer`` subclass.
+
+    ``fused_adam`` (``ExecutionOptions.fused_adam``): Adam and AdamW get torch's fused kernel
+    unless ``kwargs`` choose ``fused`` or ``foreach`` themselves.
 
     Raises:
         ValueError: Unknown name, or a non-positive learning rate.
@@ -43,12 +46,13 @@ def build_optimizer(
         raise InvalidArgumentError(f"learning rate must be > 0, got {lr!r}")
     kwargs["lr"] = lr
     if (
-        cls in (torch.optim.Adam, torch.optim.AdamW)
+        fused_adam
+        and cls in (torch.optim.Adam, torch.optim.AdamW)
         and "fused" not in kwargs
         and "foreach" not in kwargs
     ):
-        # One fused kernel per step instead of several per parameter: ~4x cheaper per tenant step
-        # on CPU (measured in bench/multi_tenant_train.py), which matters with many small tenants.
+        # One fused kernel per step instead of several per parameter, which matters with many
+        # small tenants (figures: docs/performance-history.md).
         kwargs["fused"] = True
     return cls(params, **kwargs)
 

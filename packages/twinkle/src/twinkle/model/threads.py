@@ -1,12 +1,10 @@
 """Run small CPU work on one intra-op thread.
 
 On a CPU, torch splits many kernels across its thread pool; for small tensors the pool's fork/join
-costs more than the arithmetic. Measured on the 2-core development machine: a 128x64x16 ``mm``
-takes ~4.9 us on one thread and ~8 us on two (~4.9 us on two when the VM's second vCPU answers
-the pool promptly, which it does only at times; see docs/performance.md), and one optimizer step
-over eight rank-16 tiny-model adapters (240 small tensors) 3.1 ms instead of 3.8 ms.
-``one_thread(True)`` drops to one thread for the block and restores the previous count; it is
-cheap (~0.1 us) and affects only performance.
+costs more than the arithmetic (figures: docs/performance-history.md, "Figures that used to live
+in docstrings"). ``one_thread(True)`` drops to one thread for the block and restores the previous
+count; it is cheap and affects only performance. A model applies the rule as its
+``ExecutionOptions`` say (``small_gemm_one_thread``, ``small_tensor_elements``).
 """
 
 from __future__ import annotations
@@ -34,8 +32,9 @@ def one_thread(enabled: bool = True) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def small_on_cpu(tensors: list[torch.Tensor]) -> bool:
-    """Whether ``tensors`` are CPU tensors averaging at most ``SMALL_TENSOR_ELEMENTS`` elements."""
+def small_on_cpu(tensors: list[torch.Tensor], limit: int = SMALL_TENSOR_ELEMENTS) -> bool:
+    """Whether ``tensors`` are CPU tensors averaging at most ``limit`` elements
+    (``ExecutionOptions.small_tensor_elements``)."""
     if not tensors or tensors[0].device.type != "cpu":
         return False
-    return sum(t.numel() for t in tensors) <= SMALL_TENSOR_ELEMENTS * len(tensors)
+    return sum(t.numel() for t in tensors) <= limit * len(tensors)

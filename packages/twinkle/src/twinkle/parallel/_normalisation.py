@@ -26,6 +26,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from twinkle.loss.base import Loss
+
 logger = logging.getLogger("twinkle.parallel")
 
 SUM, TOKENS, ROWS, ROWS_X_SEQ = "sum", "tokens", "rows", "rows_x_seq"
@@ -112,12 +114,21 @@ def scale(kind: str, local: ShardStats, total: float) -> float:
     return local.norm / total if total > 0 else 0.0
 
 
-class RecordingLoss:
-    """Wraps a tenant's loss on a worker and records the ``ShardStats`` of its last call."""
+class RecordingLoss(Loss):
+    """Wraps a tenant's loss (or one request's loss) on a worker and records the
+    ``ShardStats`` of its last call. A ``Loss`` itself, so it goes wherever a loss does."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.last: ShardStats | None = None
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return getattr(self.inner, "name", type(self.inner).__name__)
+
+    @property
+    def needs_reference(self) -> bool:  # type: ignore[override]
+        return bool(getattr(self.inner, "needs_reference", False))
 
     def __call__(self, inputs: Any) -> Any:
         self.last = shard_stats(self.inner, inputs)

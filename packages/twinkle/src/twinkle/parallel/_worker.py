@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from twinkle.loss import loss_from_spec
 from twinkle.parallel import _normalisation as norm
 
 
@@ -104,8 +105,12 @@ class ReplicaWorker:
         self, max_grad_norm: float, adapter_name: str | None
     ) -> tuple[bool, dict]:
         stepped = self.model.clip_grad_and_step(max_grad_norm, adapter_name=adapter_name)
-        name = self.model._tenant(adapter_name).name
+        name = self.model.tenant(adapter_name).name
         return stepped, self.checksums([name]) if stepped else {}
+
+    def optim_step(self, adam_params: Any, adapter_name: str) -> tuple[dict, dict]:
+        metrics = self.model.optim_step(adam_params, adapter_name=adapter_name)
+        return metrics, self.checksums([adapter_name])
 
     # ------------------------------------------------------------------ training
     def forward_backward_many(
@@ -113,18 +118,28 @@ class ReplicaWorker:
     ) -> dict[str, Any]:
         """Run this rank's rows of each tenant, then synchronise gradients over all ranks."""
         present = {k: v for k, v in shards.items() if v is not None}
-        for name in present:
-            loss = self.model._tenant(name).loss
-            if isinstance(loss, norm.RecordingLoss):
-                loss.last = None
+        losses: dict[str, Any] = {}
+        for name, request in present.items():
+            if request.get("loss") is not None:
+                # A per-request loss (Tinker's loss_fn) is recorded like the tenant's own, so its
+                # shard statistics scale the gradients before the all-reduce.
+                losses[name] = norm.RecordingLoss(loss_from_spec(request["loss"]))
+                present[name] = {**request, "loss": losses[name]}
+            else:
+                losses[name] = self.model.tenant(name).loss
+                if isinstance(losses[name], norm.RecordingLoss):
+                    losses[name].last = None
         return self._synchronised(
-            order, present, lambda: self.model.forward_backward_many(present) if present else {}
+            order,
+            present,
+            lambda: self.model.forward_backward_many(present) if present else {},
+            losses,
         )
 
     def calculate_loss(self, adapter_name: str, **kwargs: Any) -> tuple[float, tuple, str]:
         """This rank's loss, its ``ShardStats`` and the loss's normaliser kind."""
         loss = self.call("calculate_loss", adapter_name=adapter_name, **kwargs)
-        recording = self.model._tenant(adapter_name).loss
+        recording = self.model.tenant(adapter_name).loss
         stats = recording.last or norm.ShardStats()
         return (
             loss,
@@ -134,7 +149,7 @@ class ReplicaWorker:
 
     def backward(self, adapter_name: str, has_rows: bool) -> dict[str, Any]:
         """The ``forward`` + ``calculate_loss`` + ``backward`` path, synchronised like the above."""
-        tenant = self.model._tenant(adapter_name)
+        tenant = self.model.tenant(adapter_name)
         present = {tenant.name: None} if has_rows else {}
 
         def run() -> dict[str, Any]:
@@ -152,9 +167,19 @@ class ReplicaWorker:
         return self._synchronised([tenant.name], present, run)
 
     def _synchronised(
-        self, order: list[str], present: dict[str, Any], run: Callable[[], dict]
+        self,
+        order: list[str],
+        present: dict[str, Any],
+        run: Callable[[], dict],
+        losses: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        tenants = [self.model._tenant(name) for name in order]
+        """Run ``run`` (this rank's passes), then reduce every tenant's gradients over the ranks.
+
+        ``losses``: the loss each tenant's rows used in this pass, when it is not the tenant's
+        own (a per-request loss).
+        """
+        losses = {name: (losses or {}).get(name) or self.model.tenant(name).loss for name in order}
+        tenants = [self.model.tenant(name) for name in order]
         snapshots = [_snapshot(t) for t in tenants]
         for tenant in tenants:
             for param in tenant.params:
@@ -165,7 +190,7 @@ class ReplicaWorker:
             results = run()
         except Exception as exc:  # every rank must still reach the collective below
             error = exc
-        stats = [self._stats(t, present, results) for t in tenants]
+        stats = [self._stats(t, present, results, losses[t.name]) for t in tenants]
         rows = []
         for tenant, snapshot, stat in zip(tenants, snapshots, stats):
             loss = results.get(tenant.name, {}).get("loss", 0.0) if stat.rows else 0.0
@@ -194,18 +219,22 @@ class ReplicaWorker:
             raise PeerFailedError(
                 f"rank {self.rank}: another rank failed this step; gradients rolled back"
             )
-        return self._reduce_gradients(tenants, snapshots, stats, sums, seqs, results)
+        return self._reduce_gradients(tenants, snapshots, stats, sums, seqs, results, losses)
 
-    def _stats(self, tenant, present: dict[str, Any], results: dict[str, Any]) -> norm.ShardStats:
+    def _stats(
+        self, tenant, present: dict[str, Any], results: dict[str, Any], loss: Any
+    ) -> norm.ShardStats:
         if tenant.name not in present or tenant.name not in results:
             return norm.ShardStats()
-        recorded = tenant.loss.last if isinstance(tenant.loss, norm.RecordingLoss) else None
+        recorded = loss.last if isinstance(loss, norm.RecordingLoss) else None
         return recorded or norm.ShardStats()
 
-    def _reduce_gradients(self, tenants, snapshots, stats, sums, seqs, results) -> dict[str, Any]:
+    def _reduce_gradients(
+        self, tenants, snapshots, stats, sums, seqs, results, losses
+    ) -> dict[str, Any]:
         scales, totals = [], []
         for i, tenant in enumerate(tenants):
-            kind = norm.normaliser_kind(tenant.loss)
+            kind = norm.normaliser_kind(losses[tenant.name])
             total = norm.global_norm(kind, float(sums[i, 1]), int(sums[i, 2]), int(seqs[i]))
             scales.append(norm.scale(kind, stats[i], total))
             totals.append(total)

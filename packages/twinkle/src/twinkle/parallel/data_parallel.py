@@ -17,6 +17,8 @@ from typing import Any
 
 from twinkle.errors import InvalidArgumentError, StateOrderError, UnknownAdapterError
 from twinkle.model.metrics import Metric
+from twinkle.model.protocol import AdamParams, Capabilities
+from twinkle.model.protocol import adam_params as adam_params_of
 from twinkle.parallel import _sharding
 from twinkle.parallel._replicas import ReplicaSet, placement_options
 from twinkle.parallel.device import DeviceGroup
@@ -55,6 +57,11 @@ class DataParallelModel:
     Raises:
         RuntimeError: Ray is not installed or not initialised.
     """
+
+    # Fused passes run on every replica; optimizer steps run per tenant (each checked by checksum).
+    capabilities = Capabilities(
+        fused_forward_backward=True, split_forward_backward=True, per_tensor_state=True
+    )
 
     def __init__(
         self,
@@ -389,6 +396,33 @@ class DataParallelModel:
                 f"adapter {adapter.name!r}: replicas diverged ({[s for _, s in results]})"
             )
         return stepped
+
+    def optim_step(
+        self,
+        adam_params: AdamParams | dict[str, Any] | None = None,
+        adapter_name: str | None = None,
+    ) -> dict[str, float]:
+        """``MultiLoraTransformersModel.optim_step`` on every replica (same gradients after the
+        all-reduce, so the same update); their states are compared by checksum.
+
+        Raises:
+            AdapterLostError: The replicas diverged; the adapter is marked lost.
+        """
+        params = adam_params_of(adam_params)
+        adapter = self._adapter(adapter_name)
+        results = self.replicas.call("optim_step", params, adapter.name)
+        metrics, sums = results[0]
+        # A replacement replica rebuilds the adapter with this optimizer (recover()).
+        adapter.calls["set_optimizer"] = (
+            ("AdamW",),
+            {"adapter_name": adapter.name, **params.optimizer_kwargs()},
+        )
+        if any(other != sums for _, other in results[1:]):
+            adapter.lost = "its data-parallel replicas diverged after a step"
+            raise AdapterLostError(
+                f"adapter {adapter.name!r}: replicas diverged ({[s for _, s in results]})"
+            )
+        return metrics
 
     def clip_grad_norm(self, max_grad_norm: float = 1.0, adapter_name: str | None = None) -> float:
         """Clip on every replica (same gradients, same norm); returns the norm before clipping."""

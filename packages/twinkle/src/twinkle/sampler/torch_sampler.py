@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from twinkle.model.lora import LoraRouter, RowRoute
+from twinkle.model.options import ExecutionOptions, resolve_options
 from twinkle.sampler._adapter_pool import AdapterPool
 from twinkle.sampler._decoding import choose_tokens, row_seeds
 from twinkle.sampler._generation import DecodeBatch
@@ -31,6 +32,8 @@ class TorchSampler(Sampler):
         allowed_adapter_dirs: When given, ``adapter_uri`` must resolve inside one of them.
         device: Torch device; CUDA when available unless given.
         torch_dtype: Weights dtype (float32 on CPU, bfloat16 on CUDA by default).
+        options: Execution options (``ExecutionOptions`` or a mapping of its fields); the
+            sampler uses ``lora_kernel``.
     """
 
     def __init__(
@@ -40,6 +43,7 @@ class TorchSampler(Sampler):
         allowed_adapter_dirs: list[str | os.PathLike] | None = None,
         device: str | torch.device | None = None,
         torch_dtype: torch.dtype | None = None,
+        options: ExecutionOptions | dict | None = None,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
@@ -54,7 +58,8 @@ class TorchSampler(Sampler):
             self.model_dir, dtype=dtype, trust_remote_code=trust
         )
         self.model.to(self.device).eval().requires_grad_(False)
-        self.router = LoraRouter()
+        self.options = resolve_options(options)
+        self.router = LoraRouter(kernel=self.options.lora_kernel)
         self.adapters = AdapterPool(
             self.model, self.router, model_id, self.model_dir, max_loras, allowed_adapter_dirs
         )

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from twinkle.data_format import InputFeature, Message, Trajectory
+from twinkle.data_format import IGNORE_INDEX, InputFeature, Message, Trajectory
 
-IGNORE_INDEX = -100
 TRUNCATION_STRATEGIES = ("raise", "left", "right", "delete")
 
 IM_START = "<|im_start|>"

@@ -26,6 +26,50 @@ def base_model_name(model_id: str) -> str:
     return served_model_name(model_id)
 
 
+class ExecutionConfig(StrictModel):
+    """The ``execution:`` block of a model or sampler: ``twinkle.model.ExecutionOptions``.
+
+    Every field left out keeps the library default (or the environment's, read once when the
+    replica builds its model). None of them changes results beyond summation order.
+    """
+
+    lora_kernel: Literal["auto", "torch", "triton"] | None = None
+    direct_weight_grads: bool | None = None
+    small_gemm_one_thread: bool | None = None
+    small_tensor_elements: int | None = Field(default=None, ge=1)
+    logprob_chunk_bytes: int | None = Field(default=None, ge=1)
+    fused_adam: bool | None = None
+    malloc_tuning: bool | None = None
+    cpu_threads: int | None = Field(default=None, ge=1)
+    """torch CPU threads of each replica. Default: ``OMP_NUM_THREADS`` where the deployment's
+    ``runtime_env`` sets it, else every core the replica may run on (Ray would give a replica with
+    fractional ``num_cpus`` one thread)."""
+
+    def options(self) -> Any:
+        """The ``ExecutionOptions`` these settings give (unset fields: defaults)."""
+        from twinkle.model.options import ExecutionOptions
+
+        return ExecutionOptions.from_env(**self.model_dump(exclude_none=True))
+
+
+def _migrate_cpu_threads(kind: str, data: dict) -> None:
+    """``cpu_threads`` at the top of ``args`` (earlier releases) -> ``execution.cpu_threads``."""
+    if "cpu_threads" not in data:
+        return
+    legacy = data.pop("cpu_threads")
+    execution = dict(data.get("execution") or {})
+    given = execution.get("cpu_threads")
+    if given is not None and given != legacy:
+        fail(
+            kind,
+            [(("cpu_threads",), f"{legacy} contradicts execution.cpu_threads {given}")],
+            legacy,
+        )
+    logger.warning("args.cpu_threads moved into the execution block: read as execution.cpu_threads")
+    execution["cpu_threads"] = legacy
+    data["execution"] = execution
+
+
 class QueueConfig(StrictModel):
     """Admission limits of a model or sampler queue (``None``: unlimited)."""
 
@@ -88,10 +132,7 @@ class ModelArgs(_PlacedArgs):
     max_loras: int = Field(default=8, ge=1)
     max_lora_rank: int = Field(default=64, ge=1)
     torch_dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = None
-    cpu_threads: int | None = Field(default=None, ge=1)
-    """torch CPU threads of each replica. Default: ``OMP_NUM_THREADS`` where the deployment's
-    ``runtime_env`` sets it, else every core the replica may run on (Ray would give a replica with
-    fractional ``num_cpus`` one thread)."""
+    execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
 
     @property
     def base_model_name(self) -> str:
@@ -106,6 +147,7 @@ class ModelArgs(_PlacedArgs):
         data = dict(data)
         _migrate_use_megatron(data)
         _lift_max_loras(data)
+        _migrate_cpu_threads("ModelArgs", data)
         return data
 
     @model_validator(mode="after")
@@ -171,13 +213,21 @@ class SamplerArgs(_PlacedArgs):
     queue_config: QueueConfig = Field(default_factory=QueueConfig)
     max_loras: int = Field(default=8, ge=1)
     max_length: int | None = Field(default=None, gt=0)
-    cpu_threads: int | None = Field(default=None, ge=1)
-    """torch CPU threads of each replica, as for the model."""
+    execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
 
     @property
     def base_model_name(self) -> str:
         """``model_id`` without its scheme: the name clients use."""
         return base_model_name(self.model_id)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _migrate(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        _migrate_cpu_threads("SamplerArgs", data)
+        return data
 
     @model_validator(mode="after")
     def _parallelism(self) -> SamplerArgs:

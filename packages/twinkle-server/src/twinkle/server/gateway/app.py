@@ -21,7 +21,7 @@ def create_gateway_app(ctx: ServerContext, backends: Backends) -> FastAPI:
     install_error_handlers(app)
     app.include_router(create_common_router(ctx, backends))
     try:
-        from twinkle.server.gateway.routes_tinker import create_tinker_router
+        from twinkle.server.tinker.routes import create_tinker_router
     except ImportError:
         pass
     else:

@@ -11,11 +11,13 @@ from twinkle.server.config import ApplicationConfig, ServerConfig, base_model_na
 from twinkle.server.context import build_context
 from twinkle.server.model.app import create_model_app
 from twinkle.server.model.backend import create_backend
+from twinkle.server.model.operations import native_operations
 from twinkle.server.model.ratelimit import RateLimiter
 from twinkle.server.model.registry import StateRunRegistry
 from twinkle.server.model.service import ModelService
 from twinkle.server.telemetry import ModelTaskMetrics, serve_traced, setup_telemetry
 from twinkle.server.threads import build_on_model_thread, cpu_threads
+from twinkle.server.tinker.model_ops import tinker_operations
 from twinkle.server.web import StartOnFirstRequest
 
 
@@ -37,10 +39,13 @@ def build_service(app_config: ApplicationConfig, context) -> ModelService:
             worker_options=_worker_options(app_config),
         )
     torch_backend = args.backend != "mock"
+    options = args.execution.options()
+    if torch_backend:
+        kwargs["options"] = options
     model, executor = build_on_model_thread(
         lambda: create_backend(args.backend, args.model_id, **kwargs),
         cpu_threads(app_config) if torch_backend else None,
-        keep_memory=torch_backend,
+        keep_memory=torch_backend and options.malloc_tuning,
     )
     gateway = context.server_args
     registry = StateRunRegistry(
@@ -66,6 +71,7 @@ def build_service(app_config: ApplicationConfig, context) -> ModelService:
         max_length=args.max_length,
         on_task_done=metrics.on_task_done,
         executor=executor,
+        operations=native_operations() + tinker_operations(),
     )
     metrics.watch(service)
     return service

@@ -24,6 +24,9 @@ class RunRegistry(Protocol):
         lora_rank: int,
         lora_config: dict,
         session_id: str | None,
+        training_run_id: str | None = None,
+        model_seq_id: int = 0,
+        user_metadata: dict | None = None,
     ) -> str: ...
     def count_active_runs(self, owner: str) -> int: ...
     def set_run_status(self, owner: str, run_id: str, status: str) -> None: ...
@@ -53,16 +56,32 @@ class StateRunRegistry:
         self.root = Path(storage_root).expanduser().resolve()
         self.keep_last, self.checkpoint_ttl_s = keep_last, checkpoint_ttl_s
 
-    def create_run(self, owner, *, adapter_name, base_model, lora_rank, lora_config, session_id):
+    def create_run(
+        self,
+        owner,
+        *,
+        adapter_name,
+        base_model,
+        lora_rank,
+        lora_config,
+        session_id,
+        training_run_id=None,
+        model_seq_id=0,
+        user_metadata=None,
+    ):
+        """A new active run; ``training_run_id`` names it exactly (a Tinker run's model id),
+        else it is ``<adapter_name>-<random>`` (in an implicit session when none is given)."""
         if not session_id:
             session_id = self.state.create_session(owner, tags=["implicit"]).session_id
-        run_id = f"{adapter_name}-{uuid.uuid4().hex[:8]}"
+        run_id = training_run_id or f"{adapter_name}-{uuid.uuid4().hex[:8]}"
         self.state.create_run(
             owner,
             session_id,
             base_model,
             lora_rank,
+            model_seq_id=model_seq_id,
             lora_config=lora_config,
+            user_metadata=user_metadata or {},
             training_run_id=run_id,
         )
         return run_id

@@ -30,6 +30,7 @@ from typing import Any
 from twinkle.server.threads import model_thread
 
 FUSABLE = ("forward_backward", "clip_grad_and_step")
+"""The kinds a scheduler may fuse; the service narrows it to what its backend declares."""
 # After these the tenant is gone: the scheduler drops what it learned about its timing.
 ENDS_TENANT = ("remove_adapter",)
 
@@ -40,7 +41,7 @@ class Task:
 
     tenant: str
     kind: str
-    payload: dict[str, Any]
+    payload: Any
     future: asyncio.Future
     enqueued_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None
@@ -59,6 +60,8 @@ class FairScheduler:
         executor: The single worker thread tasks run on (default: a new :func:`model_thread`;
             pass the one the model was built on).
         fuse_wait_s: Longest a fusable group waits for tenants expected to join it (0: never).
+        fusable: The kinds whose heads may run together (a subset of :data:`FUSABLE`; others
+            always run one by one).
     """
 
     def __init__(
@@ -69,8 +72,10 @@ class FairScheduler:
         on_done: Callable[[Task, float, float, bool], None] | None = None,
         executor: ThreadPoolExecutor | None = None,
         fuse_wait_s: float = 0.02,
+        fusable: tuple[str, ...] = FUSABLE,
     ) -> None:
         self._run_single, self._run_fused = run_single, run_fused
+        self.fusable = tuple(kind for kind in fusable if kind in FUSABLE)
         self.max_fused = max(1, max_fused)
         self.fuse_wait_s = max(0.0, fuse_wait_s)
         self._last_done: dict[str, float] = {}  # tenant -> when its last call finished
@@ -84,7 +89,7 @@ class FairScheduler:
         self.fused_steps = 0  # batched optimizer steps
         self.busy_s = 0.0  # seconds the worker thread spent running tasks
 
-    async def submit(self, tenant: str, kind: str, payload: dict[str, Any]) -> Any:
+    async def submit(self, tenant: str, kind: str, payload: Any) -> Any:
         """Queue a call and wait for its result (exceptions propagate to the caller)."""
         loop = asyncio.get_running_loop()
         if self._worker is None or self._worker.done():
@@ -132,7 +137,7 @@ class FairScheduler:
         wait_until: float | None = None
         seen: set[str] = set()
         for _, first in heads:
-            if first.kind not in FUSABLE:
+            if first.kind not in self.fusable:
                 return self._take([first]), None
             if first.kind in seen:
                 continue

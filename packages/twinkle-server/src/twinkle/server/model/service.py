@@ -10,15 +10,29 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from twinkle.model.protocol import capabilities_of
+from twinkle.server.encoding import jsonable
 from twinkle.server.errors import AtCapacity, BadRequest, NotFound, from_exception
-from twinkle.server.model import ops as native_ops
+from twinkle.server.model import operations as native_ops
+from twinkle.server.model.operations import (
+    check_lengths,
+    count_tokens,
+    native_operations,
+    training_kwargs,
+)
+from twinkle.server.model.protocol import Call, Empty, Operation, OperationTable, Request
 from twinkle.server.model.ratelimit import RateLimiter
 from twinkle.server.model.registry import RunRegistry
 from twinkle.server.model.scheduler import FUSABLE, FairScheduler, Task
 
-TOKEN_OPS = ("forward_backward", "forward")
-"""Training passes: their input tokens count as trained, their ``loss`` is the tenant's last loss."""
-STEP_OPS = ("step", "clip_grad_and_step", "tinker_optim_step")
+
+@dataclass(frozen=True)
+class Job:
+    """What the scheduler runs for one queued call."""
+
+    operation: Operation
+    call: Call
+    request: Request
 
 
 @dataclass
@@ -60,6 +74,8 @@ class ModelService:
         fuse_wait_s: Longest a fusable group waits for tenants about to join it.
         executor: The single thread that built ``model`` (see
             :func:`~twinkle.server.threads.model_thread`); every call runs on it.
+        operations: The operations served (default: the Twinkle-native ones; the deployment
+            adds the Tinker ones, see :func:`twinkle.server.tinker.model_ops.tinker_operations`).
     """
 
     def __init__(
@@ -80,8 +96,11 @@ class ModelService:
         on_task_done: Callable[[Task, float, float, bool], None] | None = None,
         executor: ThreadPoolExecutor | None = None,
         fuse_wait_s: float = 0.02,
+        operations: OperationTable | None = None,
     ) -> None:
         self.model = model
+        self.operations = operations or native_operations()
+        self.capabilities = capabilities_of(model)
         self.base_model = base_model
         self.registry = registry
         self.max_loras, self.max_lora_rank = max_loras, max_lora_rank
@@ -99,56 +118,77 @@ class ModelService:
             on_done=on_task_done,
             executor=executor,
             fuse_wait_s=fuse_wait_s,
+            fusable=self._fusable(),
         )
+
+    def _fusable(self) -> tuple[str, ...]:
+        """The kinds the scheduler may fuse: what the backend declares it can run together."""
+        can = {
+            "forward_backward": self.capabilities.fused_forward_backward,
+            "clip_grad_and_step": self.capabilities.batched_optimizer_step,
+        }
+        return tuple(kind for kind in FUSABLE if can[kind])
 
     # ------------------------------------------------------------------ entry point
     async def call(self, owner: str, op: str, payload: dict[str, Any] | None = None) -> Any:
-        """Run ``op`` for tenant ``owner``; raises :class:`~twinkle.server.errors.ServiceError`."""
-        payload = dict(payload or {})
-        handler = native_ops.OPS.get(op)
-        if handler is None:
-            raise NotFound(f"unknown operation {op!r}; known: {', '.join(sorted(native_ops.OPS))}")
-        name = payload.pop("adapter_name", None) or "default"
-        internal = self._internal(owner, name)
-        if op == "add_adapter_to_model":
-            self._admit_new_adapter(owner, name, internal, payload)
-        elif internal not in self.adapters:
-            raise self._missing(name, internal)
-        tokens = native_ops.count_tokens(payload)
+        """Run ``op`` for tenant ``owner``; raises :class:`~twinkle.server.errors.ServiceError`.
+
+        The body is validated against the operation's request model and admitted (adapter
+        exists or may be created, rate limits, lengths) before it is queued: a refused call
+        changes nothing.
+        """
+        body = dict(payload or {})
+        name = body.pop("adapter_name", None) or "default"
+        if not isinstance(name, str):
+            raise BadRequest(f"adapter_name must be a string, got {type(name).__name__}")
+        operation, request = self.operations.parse(op, body)
+        call = Call(owner, name, self._internal(owner, name))
+        self.admit(operation, call, request)
+        tokens = count_tokens(request)
         if tokens:
             self.rate_limiter.check(owner, tokens)
-        if self.max_length and tokens:
-            native_ops.check_lengths(payload, self.max_length)
-        payload["_owner"], payload["_name"] = owner, name
+            if self.max_length:
+                check_lengths(request, self.max_length)
         try:
-            return await self.scheduler.submit(internal, op, payload)
+            return await self.scheduler.submit(call.internal, op, Job(operation, call, request))
         except Exception as exc:
             raise from_exception(exc) from exc
 
     def _internal(self, owner: str, name: str) -> str:
         return "a" + hashlib.sha1(f"{owner}/{name}".encode()).hexdigest()[:16]
 
-    def _missing(self, name: str, internal: str) -> NotFound:
-        why = self.unloaded.get(internal)
+    def _missing(self, call: Call) -> NotFound:
+        why = self.unloaded.get(call.internal)
         if why:
             return NotFound(
-                f"adapter {name!r} was unloaded ({why}); add it again or resume from a checkpoint"
+                f"adapter {call.name!r} was unloaded ({why}); add it again or resume from a checkpoint"
             )
-        return NotFound(f"unknown adapter {name!r}: call add_adapter_to_model first")
+        return NotFound(f"unknown adapter {call.name!r}: call add_adapter_to_model first")
 
-    def _admit_new_adapter(
-        self, owner: str, name: str, internal: str, payload: dict[str, Any]
-    ) -> None:
-        rank = int((payload.get("config") or {}).get("r", 8))
+    def admit(self, operation: Operation, call: Call, request: Request) -> None:
+        """Every admission check of a call, in one place: run when the call is queued and again
+        when it runs (another call may have been queued in between).
+
+        Raises:
+            BadRequest: Rank over ``max_lora_rank``, a duplicate name, or the tenant's
+                ``per_token_model_limit`` reached.
+            AtCapacity: The model holds ``max_loras`` adapters already (retry later).
+            NotFound: Any other call for an adapter that does not exist.
+        """
+        if not operation.creates_adapter:
+            if call.internal not in self.adapters:
+                raise self._missing(call)
+            return
+        rank = request.rank  # type: ignore[attr-defined]
         if rank > self.max_lora_rank:
             raise BadRequest(
                 f"LoRA rank {rank} is over this server's max_lora_rank={self.max_lora_rank}"
             )
-        if internal in self.adapters:
-            raise BadRequest(f"adapter {name!r} already exists for this API key")
+        if call.internal in self.adapters:
+            raise BadRequest(f"adapter {call.name!r} already exists for this API key")
         if (
             self.per_token_model_limit is not None
-            and self.registry.count_active_runs(owner) >= self.per_token_model_limit
+            and self.registry.count_active_runs(call.owner) >= self.per_token_model_limit
         ):
             raise BadRequest(
                 f"this API key already holds {self.per_token_model_limit} adapters (per_token_model_limit); "
@@ -160,46 +200,65 @@ class ModelService:
                 retry_after=5.0,
             )
 
+    def entry(self, call: Call) -> AdapterEntry:
+        """The adapter ``call`` is for (:class:`NotFound` when it does not exist)."""
+        entry = self.adapters.get(call.internal)
+        if entry is None:
+            raise self._missing(call)
+        return entry
+
+    def adapter_added(self, call: Call, run_id: str, rank: int, session_id: str | None) -> None:
+        now = self.clock()
+        self.adapters[call.internal] = AdapterEntry(
+            call.owner, call.name, call.internal, run_id, rank, session_id, now, now
+        )
+        self.unloaded.pop(call.internal, None)
+
+    def adapter_removed(self, call: Call, entry: AdapterEntry) -> None:
+        del self.adapters[call.internal]
+        self.unloaded[call.internal] = call.reason or "removed by its owner"
+        self.registry.set_run_status(
+            entry.owner, entry.run_id, "unloaded" if call.reason else "removed"
+        )
+
     # ------------------------------------------------------------------ execution (worker thread)
     def _run_single(self, task: Task) -> Any:
-        handler = native_ops.OPS[task.kind]
-        entry = self.adapters.get(task.tenant)
-        if entry is None and task.kind != "add_adapter_to_model":
-            raise self._missing(task.payload.get("_name", "?"), task.tenant)
-        result = handler(self, task.tenant, entry, task.payload)
+        job: Job = task.payload
+        self.admit(job.operation, job.call, job.request)
+        result = job.operation.handler(self, job.call, job.request)
         if task.tenant in self.adapters:
             self.adapters[task.tenant].last_used = self.clock()
-            self._note_progress(task, result)
+            self._note_progress(job, result)
         return result
 
     def _run_fused(self, tasks: list[Task]) -> list[Any]:
-        for task in tasks:
-            if task.tenant not in self.adapters:
-                raise self._missing(task.payload.get("_name", "?"), task.tenant)
+        jobs: list[Job] = [task.payload for task in tasks]
+        for job in jobs:
+            self.admit(job.operation, job.call, job.request)
         if tasks[0].kind == "forward_backward":
-            requests = {
-                task.tenant: native_ops.forward_backward_request(task.payload) for task in tasks
-            }
+            requests = {job.call.internal: training_kwargs(job.request) for job in jobs}
             results = self.model.forward_backward_many(requests)
         else:
-            results = native_ops.clip_grad_and_step_many(self.model, tasks)
+            results = native_ops.clip_grad_and_step_many(
+                self, [job.call for job in jobs], [job.request for job in jobs]
+            )
         now = self.clock()
-        wire = [native_ops.jsonable(results[task.tenant]) for task in tasks]
-        for task, result in zip(tasks, wire):
-            self.adapters[task.tenant].last_used = now
-            self._note_progress(task, result)
+        wire = [jsonable(results[job.call.internal]) for job in jobs]
+        for job, result in zip(jobs, wire):
+            self.adapters[job.call.internal].last_used = now
+            self._note_progress(job, result)
         return wire
 
-    def _note_progress(self, task: Task, result: Any) -> None:
-        """Steps, trained tokens and last loss of the task's adapter (status table, metrics)."""
-        entry = self.adapters[task.tenant]
-        if task.kind in TOKEN_OPS:
-            entry.tokens += native_ops.count_tokens(task.payload)
+    def _note_progress(self, job: Job, result: Any) -> None:
+        """Steps, trained tokens and last loss of the job's adapter (status table, metrics)."""
+        entry = self.adapters[job.call.internal]
+        if job.operation.trains:
+            entry.tokens += count_tokens(job.request)
             entry.first_trained_at = entry.first_trained_at or self.clock()
-        if task.kind in STEP_OPS:
+        if job.operation.steps:
             entry.steps += 1
         loss = result.get("loss") if isinstance(result, dict) else None
-        if task.kind in TOKEN_OPS and isinstance(loss, (int, float)):
+        if job.operation.trains and isinstance(loss, (int, float)):
             entry.last_loss, entry.losses = float(loss), entry.losses + 1
 
     # ------------------------------------------------------------------ lifecycle
@@ -233,11 +292,9 @@ class ModelService:
         return [e.name for e in entries]
 
     async def unload(self, entry: AdapterEntry, why: str) -> None:
-        await self.scheduler.submit(
-            entry.internal,
-            "remove_adapter",
-            {"_owner": entry.owner, "_name": entry.name, "_why": why},
-        )
+        call = Call(entry.owner, entry.name, entry.internal, reason=why)
+        job = Job(self.operations.get("remove_adapter"), call, Empty())
+        await self.scheduler.submit(entry.internal, "remove_adapter", job)
 
     def status(self, owner: str | None = None) -> dict[str, Any]:
         """Queue depth and adapters, for health checks and the status table.
@@ -275,4 +332,4 @@ class ModelService:
         }
 
 
-__all__ = ["AdapterEntry", "FUSABLE", "ModelService"]
+__all__ = ["AdapterEntry", "FUSABLE", "Job", "ModelService"]

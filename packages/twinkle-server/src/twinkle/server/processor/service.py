@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from twinkle.server.encoding import jsonable
 from twinkle.server.errors import BadRequest, Forbidden, NotFound, from_exception
-from twinkle.server.model.ops import jsonable
 
 ALLOWED_DIRS_ENV = "TWINKLE_PROCESSOR_DATA_DIRS"
 _HUB_SCHEMES = ("builtin://", "ms://", "hf://")

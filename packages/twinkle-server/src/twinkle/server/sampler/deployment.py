@@ -32,6 +32,7 @@ def create_sampler(app_config: ApplicationConfig, storage_root) -> Any:
     kwargs: dict[str, Any] = {"allowed_adapter_dirs": [str(storage_root)]}
     if args.sampler_type == "torch":
         kwargs["max_loras"] = args.max_loras
+        kwargs["options"] = args.execution.options()
     if args.sampler_type == "vllm":
         kwargs["engine_args"] = dict(args.engine_args)
     mesh = args.device_mesh
@@ -62,7 +63,7 @@ def build_sampler_service(app_config: ApplicationConfig, context) -> SamplerServ
         sampler, executor = build_on_model_thread(
             lambda: create_sampler(app_config, context.storage_root.resolve()),
             cpu_threads(app_config) if args.sampler_type != "mock" else None,
-            keep_memory=args.sampler_type == "torch",
+            keep_memory=args.sampler_type == "torch" and args.execution.options().malloc_tuning,
         )
     else:
         sampler = create_sampler(app_config, context.storage_root.resolve())

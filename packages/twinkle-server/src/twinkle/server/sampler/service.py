@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any
 
+from twinkle.server.encoding import jsonable
 from twinkle.server.errors import BadRequest, NotFound, from_exception
-from twinkle.server.model.ops import jsonable
 from twinkle.server.model.ratelimit import RateLimiter
 
 

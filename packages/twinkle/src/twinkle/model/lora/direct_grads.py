@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from twinkle.model import torch_compat
+
 
 def new_anchor(device: torch.device) -> torch.Tensor:
     """A fresh anchor on ``device``: empty, a leaf, requires grad (it never gets a gradient)."""
@@ -50,4 +52,4 @@ def add_weight_grads(weights: tuple[torch.Tensor, ...], grads: list) -> None:
             "direct weight gradients: a LoRA weight has no .grad to add its gradient to; attach "
             "the gradient buffers before the forward (see LoraRouter.direct_weight_grads)"
         )
-    torch._foreach_add_(targets, grads)
+    torch_compat.foreach_add_(targets, grads)

@@ -6,7 +6,12 @@ from typing import Any
 
 import torch
 
+from twinkle.errors import InvalidArgumentError
+from twinkle.hub import load_config, resolve_model_dir
 from twinkle.model.lora import LoraRouter
+from twinkle.model.megatron import _build
+from twinkle.model.megatron._model import MegatronCausalLM
+from twinkle.model.options import ExecutionOptions, resolve_options
 from twinkle.model.transformers.multi_lora import MultiLoraTransformersModel
 
 #: The optimizers this backend accepts (the seed: "Megatron backend: Adam only").
@@ -39,12 +44,10 @@ class MultiLoraMegatronModel(MultiLoraTransformersModel):
         torch_dtype: torch.dtype | str | None = None,
         device: str | torch.device | None = None,
         seed: int = 0,
+        options: ExecutionOptions | dict[str, Any] | None = None,
         **unused: Any,
     ) -> None:
-        from twinkle.hub import load_config, resolve_model_dir
-        from twinkle.model.megatron import _build
-        from twinkle.model.megatron._model import MegatronCausalLM
-
+        self.options = resolve_options(options)
         hf_config = load_config(model_id)
         _build.check_supported(hf_config, model_id)
         try:
@@ -66,7 +69,7 @@ class MultiLoraMegatronModel(MultiLoraTransformersModel):
         _build.init_megatron(self.device, seed)
         gpt = _build.build_gpt(hf_config, dtype)
         _build.load_hf_weights(gpt, _build.read_hf_state_dict(self.model_dir), hf_config)
-        self.router = LoraRouter()
+        self.router = LoraRouter(kernel=self.options.lora_kernel)
         self.model = MegatronCausalLM(gpt.to(self.device), hf_config, self.router, self.device)
         self.model.requires_grad_(False)
         self.model.eval()
@@ -85,12 +88,12 @@ class MultiLoraMegatronModel(MultiLoraTransformersModel):
         elif isinstance(optimizer, str) and optimizer in ADAM_FAMILY:
             name = optimizer
         else:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"backend 'megatron' supports Adam optimizers only ('default', 'Adam', 'AdamW'), "
                 f"got {getattr(optimizer, '__name__', optimizer)!r}"
             )
         super().set_optimizer(ADAM_FAMILY[name], adapter_name=adapter_name, **kwargs)
-        self._tenant(adapter_name).optimizer_config["name"] = name  # resume rebuilds 'default'
+        self.tenant(adapter_name).optimizer_config["name"] = name  # resume rebuilds 'default'
 
 
 __all__ = ["MultiLoraMegatronModel"]

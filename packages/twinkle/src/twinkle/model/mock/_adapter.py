@@ -44,8 +44,9 @@ class TrainConfigs:
     template: str | None
     processor: str | None
 
-    def model_dump(self) -> dict:
-        """Return the settings as a plain dict."""
+    def model_dump(self, **_: object) -> dict:
+        """Return the settings as a plain dict (pydantic's options, e.g. ``mode``, change nothing
+        for these plain values)."""
         return asdict(self)
 
 
@@ -96,6 +97,7 @@ class AdapterState:
     template: str | None = None
     processor: str | None = None
     last_grad_norm: float | None = None
+    pending_grads: bool = False
     train_totals: MetricTotals = field(default_factory=MetricTotals)
     eval_totals: MetricTotals = field(default_factory=MetricTotals)
 
@@ -126,6 +128,7 @@ class AdapterState:
     def zero_grad(self) -> None:
         """Reset the accumulated gradients."""
         self.grads = {key: np.zeros_like(value) for key, value in self.params.items()}
+        self.pending_grads = False
 
     def set_loss(self, name: str, **kwargs) -> None:
         """Select the loss by name (the mock implements cross entropy and importance sampling)."""

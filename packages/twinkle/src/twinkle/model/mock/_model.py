@@ -7,12 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from twinkle.errors import InvalidArgumentError, UnknownAdapterError
+from twinkle.errors import InvalidArgumentError, StateOrderError, UnknownAdapterError
 from twinkle.model.mock import _checkpoint as ckpt
 from twinkle.model.mock import _lora
 from twinkle.model.mock._adapter import AdapterState, MetricResult, TrainConfigs
 from twinkle.model.mock._batch import Batch, flatten, per_row
 from twinkle.model.mock._optim import LRSchedule, NumpyOptimizer
+from twinkle.model.protocol import AdamParams, Capabilities
+from twinkle.model.protocol import adam_params as adam_params_of
 
 
 class MockModel:
@@ -29,6 +31,10 @@ class MockModel:
         seed: seed of the base weights and of adapter initialisation.
     """
 
+    # One tenant at a time: the mock has no fused pass or batched step (the server runs each
+    # tenant's call on its own).
+    capabilities = Capabilities()
+
     def __init__(
         self, model_id: str = "mock", vocab_size: int = 256, hidden_size: int = 16, seed: int = 0
     ):
@@ -40,13 +46,22 @@ class MockModel:
     # Adapter lifecycle and settings.
 
     def add_adapter_to_model(
-        self, adapter_name: str, config: Any, gradient_accumulation_steps: int = 1
+        self,
+        adapter_name: str,
+        config: Any,
+        gradient_accumulation_steps: int = 1,
+        seed: int | None = None,
     ) -> None:
-        """Add a LoRA adapter; ``config`` has ``r`` and ``lora_alpha`` (attributes or keys)."""
+        """Add a LoRA adapter; ``config`` has ``r`` and ``lora_alpha`` (attributes or keys);
+        ``seed`` overrides the model's seed for this adapter's initialisation."""
         if adapter_name in self._adapters:
             raise InvalidArgumentError(f"adapter {adapter_name!r} already exists")
         self._adapters[adapter_name] = AdapterState.create(
-            adapter_name, config, self.hidden_size, self.seed, gradient_accumulation_steps
+            adapter_name,
+            config,
+            self.hidden_size,
+            self.seed if seed is None else int(seed),
+            gradient_accumulation_steps,
         )
 
     def remove_adapter(self, adapter_name: str) -> None:
@@ -93,6 +108,7 @@ class MockModel:
         loss, logprobs, grads = self._run(state, inputs, kwargs.get("advantages"), with_grads=True)
         for key, grad in grads.items():
             state.grads[key] += grad
+        state.pending_grads = True
         return {"loss": loss, "logprobs": logprobs}
 
     def forward_only(self, inputs: Any, adapter_name: str | None = None, **kwargs) -> dict:
@@ -127,6 +143,43 @@ class MockModel:
         state.cur_step += 1
         state.zero_grad()
         return True
+
+    def optim_step(
+        self, adam_params: AdamParams | dict | None = None, adapter_name: str | None = None
+    ) -> dict[str, float]:
+        """A Tinker-style step, as in the transformers backend: clip to ``grad_clip_norm`` (when
+        > 0), one AdamW step with this call's hyper-parameters, zero the gradients."""
+        params = adam_params_of(adam_params)
+        state = self._resolve(adapter_name)
+        if not state.pending_grads:
+            raise StateOrderError(
+                f"adapter {state.name!r}: optim_step without gradients: call forward_backward first"
+            )
+        hyper = {
+            "betas": (params.beta1, params.beta2),
+            "eps": params.eps,
+            "weight_decay": params.weight_decay,
+        }
+        if state.optimizer is None or state.optimizer.name != "AdamW":
+            state.optimizer = NumpyOptimizer("AdamW", lr=params.learning_rate, **hyper)
+        else:  # keep the moments, take this call's hyper-parameters
+            opt = state.optimizer
+            opt.lr, opt.betas, opt.eps = params.learning_rate, hyper["betas"], params.eps
+            opt.weight_decay = params.weight_decay
+        norm = float(np.sqrt(sum(np.sum(np.square(g)) for g in state.grads.values())))
+        grads = state.grads
+        if params.grad_clip_norm > 0 and norm > params.grad_clip_norm:
+            grads = {k: g * (params.grad_clip_norm / (norm + 1e-6)) for k, g in grads.items()}
+        if params.learning_rate > 0:
+            state.optimizer.step(state.params, grads, params.learning_rate)
+        state.last_grad_norm = norm
+        state.cur_step += 1
+        state.zero_grad()
+        return {
+            "grad_norm": norm,
+            "learning_rate": params.learning_rate,
+            "step": float(state.cur_step),
+        }
 
     def calculate_metric(
         self, is_training: bool = True, adapter_name: str | None = None

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from twinkle.errors import InvalidArgumentError
+from twinkle.model import torch_compat
 from twinkle.model.lora import LoraRouter
 from twinkle.model.step.batch import TenantBatch
 from twinkle.model.step.loss import compute_loss, loss_of, public_output, record_train_metrics
@@ -25,6 +26,7 @@ def fused_forward_backward(
     tenants: Sequence[Tenant],
     *,
     direct_weight_grads: bool,
+    chunk_bytes: int | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Forward, loss and backward of every batch in one pass over the base model.
 
@@ -37,6 +39,7 @@ def fused_forward_backward(
         direct_weight_grads: Let the LoRA layers add their weight gradients straight into the
             tenants' flat gradient buffers where that gives what autograd would (see
             ``LoraRouter.direct_weight_grads``); ``False`` always leaves it to autograd.
+        chunk_bytes: ``ExecutionOptions.logprob_chunk_bytes`` (see ``token_logprobs``).
 
     Returns:
         ``{tenant name: {'loss', 'logprobs', 'num_tokens', 'metrics'}}``. Each tenant's ``.grad``
@@ -51,7 +54,9 @@ def fused_forward_backward(
     direct = _direct_grads_ok(tenants, direct_weight_grads)
     losses = [loss_of(batch, tenant) for batch, tenant in zip(batches, tenants)]
     with router.direct_weight_grads() if direct else nullcontext():
-        states = forward_batches(base_model, router, device, batches, losses, grad=True)
+        states = forward_batches(
+            base_model, router, device, batches, losses, grad=True, chunk_bytes=chunk_bytes
+        )
     total = None
     for state, tenant, loss in zip(states, tenants, losses):
         compute_loss(state, loss)
@@ -83,8 +88,7 @@ def _direct_grads_ok(tenants: Sequence[Tenant], enabled: bool) -> bool:
         tenant.flat is not None
         and tenant.flat.owns_grads()
         and not any(
-            not p.requires_grad or p._backward_hooks or p._post_accumulate_grad_hooks
-            for p in tenant.params
+            not p.requires_grad or torch_compat.param_has_grad_hooks(p) for p in tenant.params
         )
         for tenant in tenants
     )

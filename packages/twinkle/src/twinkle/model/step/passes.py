@@ -60,6 +60,7 @@ def forward_batches(
     losses: Sequence[Any],
     *,
     grad: bool,
+    chunk_bytes: int | None = None,
 ) -> list[ForwardState]:
     """Each batch's log-probs from one fused pass and, where its loss (``losses[i]``, the loss
     that will apply to ``batches[i]``) wants them, reference log-probs from a bare pass."""
@@ -70,12 +71,12 @@ def forward_batches(
         row += batch.num_samples
     with torch.set_grad_enabled(grad):
         logits = run_base(base_model, router, batches, routes, device)
-        _attach_logprobs(states, logits, "logprobs")
+        _attach_logprobs(states, logits, "logprobs", chunk_bytes)
     needing_ref = [s for s, loss in zip(states, losses) if getattr(loss, "needs_reference", False)]
     if needing_ref:
         with torch.no_grad():
             logits = run_base(base_model, router, [s.batch for s in needing_ref], None, device)
-            _attach_logprobs(needing_ref, logits, "ref_logprobs")
+            _attach_logprobs(needing_ref, logits, "ref_logprobs", chunk_bytes)
     return states
 
 
@@ -87,7 +88,9 @@ def pad_to(tensor: torch.Tensor, seq: int, value: float | int) -> torch.Tensor:
     return torch.cat([tensor, pad], dim=1)
 
 
-def _attach_logprobs(states: list[ForwardState], logits: torch.Tensor, attr: str) -> None:
+def _attach_logprobs(
+    states: list[ForwardState], logits: torch.Tensor, attr: str, chunk_bytes: int | None
+) -> None:
     """Log-probs of every state's targets, from one pass over the stacked logits.
 
     One cross-entropy and one argmax over all rows: slicing the logits per tenant first would make
@@ -96,7 +99,7 @@ def _attach_logprobs(states: list[ForwardState], logits: torch.Tensor, attr: str
     seq = logits.shape[1]
     targets = torch.cat([pad_to(s.batch.targets, seq, IGNORE_INDEX) for s in states])
     targets = targets.to(logits.device)
-    logprobs = token_logprobs(logits, targets)
+    logprobs = token_logprobs(logits, targets, chunk_bytes)
     row_hits = None
     if attr == "logprobs":
         # Correct predictions per row, for every state at once (padding targets never count).

@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from twinkle.data_format import IGNORE_INDEX
 from twinkle.errors import InvalidArgumentError
 
-IGNORE_INDEX = -100
 PER_TOKEN_KEYS = ("advantages", "old_logprobs", "ref_logprobs", "weights")
 
 
@@ -30,19 +30,22 @@ CPU_CHUNK_BYTES = 2 << 20
 MIN_CHUNK_TOKENS = 16
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, chunk_bytes: int | None = None
+) -> torch.Tensor:
     """``log p(targets[b, t])`` from ``logits[b, t]`` in fp32; 0 where the target is -100.
 
     On the CPU the tokens go through the cross-entropy in chunks of ~2 MiB of fp32 logits: a
     whole batch's log-softmax and its gradient stream several [tokens, vocab] tensors through
     memory, while a chunk's stay in cache (measurements: docs/performance-history.md). The values
     are the same (each token's log-probability depends only on its own row). Accelerator tensors
-    take one call, as kernel launches there cost more than the cache saves.
+    take one call, as kernel launches there cost more than the cache saves. ``chunk_bytes``:
+    ``ExecutionOptions.logprob_chunk_bytes`` (default :data:`CPU_CHUNK_BYTES`).
     """
     batch, seq, vocab = logits.shape
     flat_logits = logits.reshape(batch * seq, vocab)
     flat_targets = targets.reshape(-1)
-    chunk = max(MIN_CHUNK_TOKENS, CPU_CHUNK_BYTES // (4 * vocab))
+    chunk = max(MIN_CHUNK_TOKENS, (chunk_bytes or CPU_CHUNK_BYTES) // (4 * vocab))
     if logits.device.type != "cpu" or flat_logits.shape[0] <= chunk:
         nll = _nll(flat_logits, flat_targets)
     else:

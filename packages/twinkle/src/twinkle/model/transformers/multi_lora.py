@@ -15,6 +15,8 @@ from twinkle.errors import (
     StateOrderError,
     UnknownAdapterError,
 )
+from twinkle.hub import resolve_model_dir
+from twinkle.model import multi_step
 from twinkle.model.flat import FlatAdapter
 from twinkle.model.lora import (
     LoraRouter,
@@ -29,6 +31,9 @@ from twinkle.model.lora import (
 )
 from twinkle.model.metrics import Metric
 from twinkle.model.optim import build_optimizer, build_scheduler, check_scheduler_name
+from twinkle.model.options import ExecutionOptions, resolve_options
+from twinkle.model.protocol import AdamParams, Capabilities
+from twinkle.model.protocol import adam_params as adam_params_of
 from twinkle.model.step import (
     ForwardState,
     TenantBatch,
@@ -63,13 +68,20 @@ class MultiLoraTransformersModel:
         device: Torch device; CUDA when available unless given.
         attn_implementation: Passed to transformers (``sdpa`` by default).
         seed: Seed for adapter initialisation.
+        options: How passes execute (``ExecutionOptions`` or a mapping of its fields; default:
+            the environment's defaults). Read once, here.
     """
 
     max_adapters: int | None = None
     #: The fused step lets the LoRA layers add weight gradients straight into the tenants' flat
     #: buffers (same values as autograd's accumulation); an instance turns it off to measure or
     #: debug.
-    direct_weight_grads: bool = True
+    capabilities = Capabilities(
+        fused_forward_backward=True,
+        batched_optimizer_step=True,
+        split_forward_backward=True,
+        per_tensor_state=True,
+    )
 
     def __init__(
         self,
@@ -78,12 +90,12 @@ class MultiLoraTransformersModel:
         device: str | torch.device | None = None,
         attn_implementation: str = "sdpa",
         seed: int = 0,
+        options: ExecutionOptions | dict[str, Any] | None = None,
         **model_kwargs: Any,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
-        from twinkle.hub import resolve_model_dir
-
+        self.options = resolve_options(options)
         self.model_id = model_id
         self.model_dir = resolve_model_dir(model_id)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -98,9 +110,21 @@ class MultiLoraTransformersModel:
         ).to(self.device)
         self.model.requires_grad_(False)
         self.model.eval()  # dropout lives in the adapters; the base model is frozen
-        self.router = LoraRouter()
+        self.router = LoraRouter(kernel=self.options.lora_kernel)
         self.seed = seed
         self.tenants: dict[str, Tenant] = {}
+
+    @property
+    def direct_weight_grads(self) -> bool:
+        """``options.direct_weight_grads``: the fused step's LoRA layers add weight gradients
+        straight into the tenants' flat buffers."""
+        return self.options.direct_weight_grads
+
+    def _small_cpu(self, tensors: list[torch.Tensor]) -> bool:
+        """Whether the small-GEMM thread rule puts work on ``tensors`` on one thread."""
+        return self.options.small_gemm_one_thread and small_on_cpu(
+            tensors, self.options.small_tensor_elements
+        )
 
     # ----------------------------------------------------------------- adapters
     def add_adapter_to_model(
@@ -144,14 +168,19 @@ class MultiLoraTransformersModel:
 
     def remove_adapter(self, adapter_name: str | None = None) -> None:
         """Drop a tenant: its weights, optimizer and state are freed."""
-        tenant = self._tenant(adapter_name)
+        tenant = self.tenant(adapter_name)
         remove_adapter(self.model, tenant.name)
         del self.tenants[tenant.name]
 
     def list_adapters(self) -> list[str]:
         return list(self.tenants)
 
-    def _tenant(self, adapter_name: str | None) -> Tenant:
+    def tenant(self, adapter_name: str | None = None) -> Tenant:
+        """The state of tenant ``adapter_name`` (the only one when ``None`` and one exists).
+
+        Raises:
+            ValueError: Unknown name, no adapter, or ``None`` while several exist.
+        """
         if adapter_name is None:
             if len(self.tenants) == 1:
                 return next(iter(self.tenants.values()))
@@ -174,7 +203,7 @@ class MultiLoraTransformersModel:
         """Set the tenant's chat template (a name such as ``'Qwen3_5Template'``, a class or an instance)."""
         from twinkle.template import Template, get_template
 
-        tenant = self._tenant(adapter_name)
+        tenant = self.tenant(adapter_name)
         if isinstance(template, Template):
             tenant.template = template
         else:
@@ -186,7 +215,7 @@ class MultiLoraTransformersModel:
     def set_processor(self, processor: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
         """Set how the tenant's samples become tensors (``'InputProcessor'``, ``padding_side=...``,
         or a processor instance, used as is)."""
-        tenant = self._tenant(adapter_name)
+        tenant = self.tenant(adapter_name)
         if isinstance(processor, str):
             tenant.processor_config = {"name": processor, **kwargs}
             tenant.processor = self._build_processor(tenant)
@@ -200,14 +229,14 @@ class MultiLoraTransformersModel:
         config = dict(tenant.processor_config or {"name": "InputProcessor"})
         name = config.pop("name")
         if config.get("pad_token_id") is None:
-            config["pad_token_id"] = self._template(tenant).pad_token_id
+            config["pad_token_id"] = self._template_of(tenant).pad_token_id
         return get_processor(name, **config)
 
     def set_loss(self, loss: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
         """Set the tenant's loss: a name (``'CrossEntropyLoss'``, ``'GRPOLoss'``, ...), class or instance."""
         from twinkle.loss import get_loss
 
-        tenant = self._tenant(adapter_name)
+        tenant = self.tenant(adapter_name)
         tenant.loss = get_loss(loss, **kwargs)
         tenant.loss_config = {
             "name": getattr(tenant.loss, "name", type(tenant.loss).__name__),
@@ -216,8 +245,10 @@ class MultiLoraTransformersModel:
 
     def set_optimizer(self, optimizer: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
         """Set the tenant's optimizer (``'Adam'``, ``'AdamW'``, ``'SGD'`` or a class), e.g. ``lr=1e-4``."""
-        tenant = self._tenant(adapter_name)
-        tenant.optimizer = build_optimizer(optimizer, tenant.params, **kwargs)
+        tenant = self.tenant(adapter_name)
+        tenant.optimizer = build_optimizer(
+            optimizer, tenant.params, fused_adam=self.options.fused_adam, **kwargs
+        )
         tenant.optimizer_config = {
             "name": optimizer if isinstance(optimizer, str) else optimizer.__name__,
             **kwargs,
@@ -230,7 +261,7 @@ class MultiLoraTransformersModel:
         self, scheduler: Any, adapter_name: str | None = None, **kwargs: Any
     ) -> None:
         """Set the tenant's learning-rate scheduler (``'LinearLR'``, ``'cosine'``, ``'constant'``, ...)."""
-        tenant = self._tenant(adapter_name)
+        tenant = self.tenant(adapter_name)
         check_scheduler_name(scheduler)
         if tenant.optimizer is None:
             self.set_optimizer("AdamW", adapter_name=tenant.name)
@@ -242,14 +273,16 @@ class MultiLoraTransformersModel:
 
     def get_train_configs(self, adapter_name: str | None = None) -> TrainConfigs:
         """The tenant's configuration, as a pydantic model (``.model_dump()``)."""
-        return self._tenant(adapter_name).train_configs(self.model_id)
+        return self.tenant(adapter_name).train_configs(self.model_id)
 
-    def _template(self, tenant: Tenant):
+    def _template_of(self, tenant: Tenant):
+        """The tenant's template (the plain ``Template`` until one is set)."""
         if tenant.template is None:
             self.set_template("Template", adapter_name=tenant.name)
         return tenant.template
 
-    def _processor(self, tenant: Tenant):
+    def _processor_of(self, tenant: Tenant):
+        """The tenant's input processor (built from its config and template when first used)."""
         if tenant.processor is None:
             tenant.processor = self._build_processor(tenant)
         return tenant.processor
@@ -259,13 +292,13 @@ class MultiLoraTransformersModel:
         self, inputs: Any, adapter_name: str | None = None, **kwargs: Any
     ) -> dict[str, Any]:
         """Forward with gradients kept for a later ``calculate_loss`` + ``backward``."""
-        tenant = self._tenant(adapter_name)
+        tenant = self.tenant(adapter_name)
         tenant.last_forward = self._forward(tenant, inputs, kwargs, grad=True)
         return public_forward_output(tenant.last_forward)
 
     def calculate_loss(self, adapter_name: str | None = None, **kwargs: Any) -> float:
         """Apply the tenant's loss to the last ``forward``; returns the loss value."""
-        tenant = self._tenant(adapter_name)
+        tenant = self.tenant(adapter_name)
         if tenant.last_forward is None:
             raise StateOrderError(f"adapter {tenant.name!r}: call forward before calculate_loss")
         state = tenant.last_forward
@@ -275,7 +308,7 @@ class MultiLoraTransformersModel:
 
     def backward(self, adapter_name: str | None = None) -> None:
         """Backpropagate the last calculated loss into the tenant's adapter gradients."""
-        tenant = self._tenant(adapter_name)
+        tenant = self.tenant(adapter_name)
         state = tenant.last_forward
         if state is None or state.loss_output is None:
             raise StateOrderError(
@@ -301,8 +334,8 @@ class MultiLoraTransformersModel:
             ``{'loss': float, 'logprobs': [per-row target log-probs], 'num_tokens': int}``.
         """
         return self.forward_backward_many(
-            {self._tenant(adapter_name).name: {"inputs": inputs, **kwargs}}
-        )[self._tenant(adapter_name).name]
+            {self.tenant(adapter_name).name: {"inputs": inputs, **kwargs}}
+        )[self.tenant(adapter_name).name]
 
     def forward_backward_many(
         self, requests: dict[str, dict[str, Any]]
@@ -319,7 +352,7 @@ class MultiLoraTransformersModel:
         """
         batches, tenants = [], []
         for name, request in requests.items():
-            tenant = self._tenant(name)
+            tenant = self.tenant(name)
             request = dict(request)
             if "inputs" not in request:
                 raise InvalidArgumentError(f"request for adapter {name!r} has no 'inputs'")
@@ -332,13 +365,14 @@ class MultiLoraTransformersModel:
             batches,
             tenants,
             direct_weight_grads=self.direct_weight_grads,
+            chunk_bytes=self.options.logprob_chunk_bytes,
         )
 
     def forward_only(
         self, inputs: Any, adapter_name: str | None = None, **kwargs: Any
     ) -> dict[str, Any]:
         """Forward without gradients; returns loss and per-row target log-probabilities."""
-        tenant = self._tenant(adapter_name)
+        tenant = self.tenant(adapter_name)
         with torch.no_grad():
             state = self._forward(tenant, inputs, kwargs, grad=False)
             compute_loss(state, loss_of(state.batch, tenant))
@@ -353,8 +387,8 @@ class MultiLoraTransformersModel:
             tenant.name,
             inputs,
             kwargs,
-            template=self._template(tenant) if raw else None,
-            processor=self._processor(tenant) if raw else None,
+            template=self._template_of(tenant) if raw else None,
+            processor=self._processor_of(tenant) if raw else None,
             vocab_size=self.model.get_input_embeddings().weight.shape[0],
         )
 
@@ -363,27 +397,31 @@ class MultiLoraTransformersModel:
     ) -> ForwardState:
         batch = self._collate(tenant, inputs, kwargs)
         return forward_batches(
-            self.model, self.router, self.device, [batch], [loss_of(batch, tenant)], grad=grad
+            self.model,
+            self.router,
+            self.device,
+            [batch],
+            [loss_of(batch, tenant)],
+            grad=grad,
+            chunk_bytes=self.options.logprob_chunk_bytes,
         )[0]
 
     def clip_grad_norm(self, max_grad_norm: float = 1.0, adapter_name: str | None = None) -> float:
         """Clip the tenant's gradient norm; returns the norm before clipping."""
-        from twinkle.model import multi_step
-
-        tenant = self._tenant(adapter_name)
+        tenant = self.tenant(adapter_name)
         grads = _grads(tenant)
         if not tenant.pending_grads or not grads:
             raise StateOrderError(
                 f"adapter {tenant.name!r} has no gradients: call forward_backward first"
             )
-        with one_thread(small_on_cpu(grads)):
+        with one_thread(self._small_cpu(grads)):
             (norm,) = multi_step.clip_grad_norms([grads], max_grad_norm)
         tenant.last_grad_norm = norm
         return norm
 
     def step(self, adapter_name: str | None = None) -> None:
         """One optimizer step for the tenant (Adam with lr 1e-4 if none was set)."""
-        tenant = self._tenant(adapter_name)
+        tenant = self.tenant(adapter_name)
         if not tenant.pending_grads:
             raise StateOrderError(
                 f"adapter {tenant.name!r} has no gradients: call forward_backward before step"
@@ -395,10 +433,10 @@ class MultiLoraTransformersModel:
 
     def zero_grad(self, adapter_name: str | None = None) -> None:
         """Discard the tenant's gradients (zeroed in place when they live in its flat buffer)."""
-        _discard_grads(self._tenant(adapter_name))
+        _discard_grads(self.tenant(adapter_name))
 
     def lr_step(self, adapter_name: str | None = None) -> None:
-        tenant = self._tenant(adapter_name)
+        tenant = self.tenant(adapter_name)
         if tenant.scheduler is not None:
             tenant.scheduler.step()
 
@@ -407,7 +445,7 @@ class MultiLoraTransformersModel:
     ) -> bool:
         """``clip_grad_norm`` + ``step`` + ``zero_grad`` + ``lr_step`` once every
         ``gradient_accumulation_steps`` calls; returns whether the optimizer stepped."""
-        name = self._tenant(adapter_name).name
+        name = self.tenant(adapter_name).name
         return self.clip_grad_and_step_many([name], max_grad_norm)[name]
 
     def clip_grad_and_step_many(
@@ -422,9 +460,7 @@ class MultiLoraTransformersModel:
         Returns:
             ``{adapter_name: whether its optimizer stepped}``.
         """
-        from twinkle.model import multi_step
-
-        tenants = [self._tenant(name) for name in adapter_names]
+        tenants = [self.tenant(name) for name in adapter_names]
         if len({t.name for t in tenants}) != len(tenants):
             raise InvalidArgumentError(f"adapter names repeat in {list(adapter_names)!r}")
         grads_of: dict[str, list[torch.Tensor]] = {}
@@ -445,7 +481,7 @@ class MultiLoraTransformersModel:
         grads = [grads_of[t.name] for t in stepping]
         # A tenant whose gradients are its flat buffer's views steps with the flat buffers.
         flats = [t.flat if _is_flat(t, grads_of[t.name]) else None for t in stepping]
-        with one_thread(small_on_cpu([g for tenant_grads in grads for g in tenant_grads])):
+        with one_thread(self._small_cpu([g for tenant_grads in grads for g in tenant_grads])):
             norms = multi_step.clip_grad_norms(grads, max_grad_norm)
             multi_step.optimizer_steps([t.optimizer for t in stepping], flats)
         for tenant, norm, flat in zip(stepping, norms, flats):
@@ -456,9 +492,53 @@ class MultiLoraTransformersModel:
         stepped = {t.name for t in stepping}
         return {t.name: t.name in stepped for t in tenants}
 
+    def optim_step(
+        self,
+        adam_params: AdamParams | dict[str, Any] | None = None,
+        adapter_name: str | None = None,
+    ) -> dict[str, float]:
+        """A Tinker-style optimizer step: clip (when ``grad_clip_norm`` > 0), one AdamW step with
+        THIS call's hyper-parameters, zero the gradients.
+
+        The tenant's optimizer becomes AdamW (its moments are kept across calls); the hyper-parameters
+        may change from call to call, as Tinker's ``optim_step(AdamParams(...))`` allows.
+
+        Returns:
+            ``{'grad_norm': norm before clipping, 'learning_rate': ..., 'step': steps taken}``.
+        """
+        params = adam_params_of(adam_params)
+        tenant = self.tenant(adapter_name)
+        if not tenant.pending_grads:
+            raise StateOrderError(
+                f"adapter {tenant.name!r}: optim_step without gradients: call forward_backward first"
+            )
+        hyper = params.optimizer_kwargs()
+        if not isinstance(tenant.optimizer, torch.optim.AdamW):
+            # Built with a positive rate (0 is refused at construction), then this call's rate.
+            first = {**hyper, "lr": params.learning_rate or AdamParams().learning_rate}
+            self.set_optimizer("AdamW", adapter_name=tenant.name, **first)
+        for group in tenant.optimizer.param_groups:
+            group.update(hyper)
+        # The same kernels as clip_grad_and_step: the flat buffers when every .grad is a view
+        # of them (after a fused or data-parallel step the gradients live there).
+        grads = _grads(tenant)
+        flat = tenant.flat if _is_flat(tenant, grads) else None
+        max_norm = params.grad_clip_norm if params.grad_clip_norm > 0 else float("inf")
+        (norm,) = multi_step.clip_grad_norms([grads], max_norm) if grads else (0.0,)
+        if params.learning_rate > 0 and grads:
+            multi_step.optimizer_steps([tenant.optimizer], [flat])
+        tenant.last_grad_norm = norm
+        tenant.cur_step += 1
+        _discard_grads(tenant)
+        return {
+            "grad_norm": norm,
+            "learning_rate": params.learning_rate,
+            "step": float(tenant.cur_step),
+        }
+
     def calculate_metric(self, is_training: bool = True, adapter_name: str | None = None) -> Metric:
         """Averages since the last call: loss, token_acc, grad_norm, lr, step."""
-        tenant = self._tenant(adapter_name)
+        tenant = self.tenant(adapter_name)
         result = (tenant.train_metrics if is_training else tenant.eval_metrics).report()
         result.update(grad_norm=tenant.last_grad_norm, lr=tenant.lr(), step=tenant.cur_step)
         return Metric(result=result)
@@ -485,7 +565,7 @@ class MultiLoraTransformersModel:
             The checkpoint directory path.
         """
         return _checkpoints.save(
-            self._tenant(adapter_name),
+            self.tenant(adapter_name),
             self.model,
             model_id=self.model_id,
             model_dir=self.model_dir,
@@ -497,14 +577,14 @@ class MultiLoraTransformersModel:
 
     def load(self, path: str | os.PathLike, adapter_name: str | None = None, **kwargs: Any) -> None:
         """Load adapter weights only (no optimizer or progress) from a checkpoint directory."""
-        _checkpoints.load_weights(self._tenant(adapter_name), self.model, Path(path))
+        _checkpoints.load_weights(self.tenant(adapter_name), self.model, Path(path))
 
     def resume_from_checkpoint(
         self, path: str | os.PathLike, adapter_name: str | None = None
     ) -> dict[str, Any]:
         """Restore weights, optimizer, scheduler, RNG and progress; returns the progress dict
         (``cur_step``, ``consumed_train_samples``, ...)."""
-        tenant = self._tenant(adapter_name)
+        tenant = self.tenant(adapter_name)
         return _checkpoints.resume(
             tenant,
             self.model,
@@ -516,12 +596,12 @@ class MultiLoraTransformersModel:
 
     def adapter_state_dict(self, adapter_name: str | None = None) -> dict[str, torch.Tensor]:
         """A copy of the tenant's adapter weights, PEFT-keyed."""
-        return adapter_state_dict(self.model, self._tenant(adapter_name).name)
+        return adapter_state_dict(self.model, self.tenant(adapter_name).name)
 
     def load_adapter_state_dict(
         self, state: dict[str, torch.Tensor], adapter_name: str | None = None
     ) -> None:
-        load_adapter_state_dict(self.model, self._tenant(adapter_name).name, state)
+        load_adapter_state_dict(self.model, self.tenant(adapter_name).name, state)
 
     def routes(self, routes: list[RowRoute]):
         """Context manager: route batch rows to adapters for direct ``self.model`` calls."""

@@ -1,7 +1,7 @@
 """The Tinker-compatible API (``/api/v1``): what the unmodified ``tinker`` SDK calls.
 
-Thin routes over :mod:`tinker_futures` (ordered execution, retries, long-poll), :mod:`tinker_wire`
-(protobuf) and :mod:`tinker_convert` (request shapes -> model and sampler payloads). Training
+Thin routes over :mod:`.futures` (ordered execution, retries, long-poll), :mod:`.wire`
+(protobuf) and :mod:`.convert` (request shapes -> model and sampler payloads). Training
 calls reach the model deployment (tenant adapters, fused ``forward_backward``); sampling calls the
 sampler deployment. See TINKER_PROTOCOL.md for the contract.
 """
@@ -15,18 +15,13 @@ from fastapi import APIRouter, Request
 
 from twinkle.server.context import ServerContext
 from twinkle.server.errors import BadRequest
-from twinkle.server.gateway import tinker_convert as convert
-from twinkle.server.gateway import tinker_wire as wire
 from twinkle.server.gateway.backends import Backends
-from twinkle.server.gateway.tinker_api import (
-    CLIENT_CONFIG,
-    TinkerApi,
-)
-from twinkle.server.gateway.tinker_futures import Proto, body_digest
-from twinkle.server.gateway.tinker_models import model_facts
-from twinkle.server.gateway.tinker_sampling import future_routes, sampling_routes
-from twinkle.server.gateway.tinker_weights import weights_routes
-from twinkle.server.model import tinker_ops
+from twinkle.server.tinker import convert, model_ops, wire
+from twinkle.server.tinker.api import CLIENT_CONFIG, SequencedCall, TinkerApi
+from twinkle.server.tinker.futures import Proto, body_digest
+from twinkle.server.tinker.models import model_facts
+from twinkle.server.tinker.sampling import future_routes, sampling_routes
+from twinkle.server.tinker.weights import weights_routes
 from twinkle.server.web import read_json
 
 
@@ -138,54 +133,53 @@ def _training_routes(router: APIRouter, api: TinkerApi) -> None:
         keys = api.dedupe_keys(
             request, "forward_backward", msg.model_id, msg.seq_id, body_digest(raw)
         )
-        if rid := api.futures.find(owner, keys):
-            return api.submitted(rid, msg.model_id)
-        try:
+        op = "forward_only" if msg.forward_only else "forward_backward"
+        existing = api.futures.find(owner, keys)
+        call = SequencedCall(op, owner, {}, msg.model_id, msg.seq_id, keys, existing)
+
+        async def prepare():
             run = api.run_of(owner, msg.model_id)
             client = api.backends.model(run.base_model)
             loss = convert.check_loss(msg.loss_fn, msg.loss_fn_config)
             vocab = (await asyncio.to_thread(model_facts, run.base_model)).vocab_size
             features = convert.datums_to_features(msg.data, msg.loss_fn, vocab)
-        except Exception as exc:
-            await api.refuse(msg.model_id, msg.seq_id, exc)
-        op = "forward_only" if msg.forward_only else "forward_backward"
-        payload = {"adapter_name": msg.model_id, "inputs": features, "loss": loss}
+            payload = {"adapter_name": msg.model_id, "inputs": features, "loss": loss}
 
-        async def run_call() -> Proto:
-            result = await client.call(owner, op, payload)
-            outputs = [{"logprobs": np.asarray(lp, dtype=np.float32)} for lp in result["logprobs"]]
-            metrics = {
-                "loss:sum": float(result["loss"]),
-                "num_tokens:sum": float(result.get("num_tokens", 0)),
-            }
-            return Proto(wire.encode_forward_backward_output(outputs, metrics))
+            async def run_call() -> Proto:
+                result = await client.call(owner, op, payload)
+                outputs = [
+                    {"logprobs": np.asarray(lp, dtype=np.float32)} for lp in result["logprobs"]
+                ]
+                metrics = {
+                    "loss:sum": float(result["loss"]),
+                    "num_tokens:sum": float(result.get("num_tokens", 0)),
+                }
+                return Proto(wire.encode_forward_backward_output(outputs, metrics))
 
-        rid = api.futures.submit(
-            owner, op, run_call, model_id=msg.model_id, seq_id=msg.seq_id, dedupe=keys
-        )
-        return api.submitted(rid, msg.model_id)
+            return run_call
+
+        return await api.sequenced(call, prepare)
 
     @router.post("/optim_step")
     async def optim_step(request: Request) -> dict:
         call = await api.open_call(request, "optim_step")
-        owner, body, model_id, seq_id = call.owner, call.body, call.model_id, call.seq_id
-        if call.existing:
-            return api.submitted(call.existing, model_id)
-        try:
+        owner, body, model_id = call.owner, call.body, call.model_id
+
+        def prepare():
             client = api.backends.model(api.run_of(owner, model_id).base_model)
-            params = tinker_ops.check_adam_params(
+            params = model_ops.check_adam_params(
                 body.get("adam_params") or body.get("optim_params") or {}
             )
-        except Exception as exc:
-            await api.refuse(model_id, seq_id, exc)
 
-        async def run() -> dict:
-            result = await client.call(
-                owner, "tinker_optim_step", {"adapter_name": model_id, "adam_params": params}
-            )
-            return {"type": "optim_step", "metrics": result["metrics"]}
+            async def run() -> dict:
+                result = await client.call(
+                    owner, "tinker_optim_step", {"adapter_name": model_id, "adam_params": params}
+                )
+                return {"type": "optim_step", "metrics": result["metrics"]}
 
-        return api.submit_call(call, run)
+            return run
+
+        return await api.sequenced(call, prepare)
 
     @router.post("/unload_model")
     async def unload_model(request: Request) -> dict:

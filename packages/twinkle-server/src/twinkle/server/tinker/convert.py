@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from twinkle.server.errors import BadRequest
-from twinkle.server.gateway.tinker_wire import WireDatum
+from twinkle.server.tinker.wire import WireDatum
 
 ATTN_MODULES = [
     "q_proj",

@@ -10,13 +10,13 @@ import uuid
 from fastapi import APIRouter, Request
 
 from twinkle.server.errors import BadRequest
-from twinkle.server.gateway import tinker_convert as convert
-from twinkle.server.gateway.tinker_api import (
+from twinkle.server.state.paths import validate_checkpoint_name
+from twinkle.server.tinker import convert
+from twinkle.server.tinker.api import (
     EPHEMERAL_TTL_S,
     TinkerApi,
 )
-from twinkle.server.gateway.tinker_models import checkpoint_facts, publish_to_hub
-from twinkle.server.state.paths import validate_checkpoint_name
+from twinkle.server.tinker.models import checkpoint_facts, publish_to_hub
 from twinkle.server.web import read_json
 
 
@@ -25,9 +25,8 @@ def weights_routes(router: APIRouter, api: TinkerApi) -> None:
     async def save_weights(request: Request) -> dict:
         call = await api.open_call(request, "save_weights")
         owner, body, model_id, seq_id = call.owner, call.body, call.model_id, call.seq_id
-        if call.existing:
-            return api.submitted(call.existing, model_id)
-        try:
+
+        def prepare():
             run = api.run_of(owner, model_id)
             name = validate_checkpoint_name(
                 body.get("path") or f"step-{seq_id or uuid.uuid4().hex[:8]}"
@@ -38,72 +37,54 @@ def weights_routes(router: APIRouter, api: TinkerApi) -> None:
                 raise BadRequest(
                     f"checkpoint weights/{name} already exists; pass overwrite=True or another name"
                 )
-        except Exception as exc:
-            await api.refuse(model_id, seq_id, exc)
 
-        async def run_call() -> dict:
-            path = await api.save(owner, model_id, name, "weights", body.get("ttl_seconds"))
-            return {"path": convert.to_tinker_path(path), "type": "save_weights"}
+            async def run_call() -> dict:
+                path = await api.save(owner, model_id, name, "weights", body.get("ttl_seconds"))
+                return {"path": convert.to_tinker_path(path), "type": "save_weights"}
 
-        return api.submit_call(call, run_call)
+            return run_call
+
+        return await api.sequenced(call, prepare)
 
     @router.post("/save_weights_for_sampler")
     async def save_weights_for_sampler(request: Request) -> dict:
         call = await api.open_call(request, "save_weights_for_sampler")
         owner, body, model_id, seq_id = call.owner, call.body, call.model_id, call.seq_id
-        if call.existing:
-            return api.submitted(call.existing, model_id)
-        try:
+
+        def prepare():
             run = api.run_of(owner, model_id)
             named = body.get("path") is not None
             name = validate_checkpoint_name(
                 body["path"] if named else f"ephemeral-{seq_id}-{uuid.uuid4().hex[:8]}"
             )
             api.backends.sampler(run.base_model) if not named else None
-        except Exception as exc:
-            await api.refuse(model_id, seq_id, exc)
+            return _sampler_save(api, owner, body, model_id, run, name, named)
 
-        async def run_call() -> dict:
-            ttl = body.get("ttl_seconds") if named else body.get("ttl_seconds") or EPHEMERAL_TTL_S
-            path = await api.save(owner, model_id, name, "sampler_weights", ttl)
-            if named:
-                return {"path": convert.to_tinker_path(path), "type": "save_weights_for_sampler"}
-            sid = f"{run.session_id}:sample:{body.get('sampling_session_seq_id')}:{uuid.uuid4().hex[:8]}"
-            api.state.create_sampling_session(
-                owner,
-                run.session_id,
-                base_model=run.base_model,
-                model_path=path,
-                sampling_session_id=sid,
-            )
-            return {"sampling_session_id": sid, "type": "save_weights_for_sampler"}
-
-        return api.submit_call(call, run_call)
+        return await api.sequenced(call, prepare)
 
     @router.post("/load_weights")
     async def load_weights(request: Request) -> dict:
         call = await api.open_call(request, "load_weights")
-        owner, body, model_id, seq_id = call.owner, call.body, call.model_id, call.seq_id
+        owner, body, model_id = call.owner, call.body, call.model_id
         if body.get("session_id") is not None:
             return await _create_from_checkpoint(api, owner, request, body)
-        if call.existing:
-            return api.submitted(call.existing, model_id)
-        try:
+
+        def prepare():
             client = api.backends.model(api.run_of(owner, model_id).base_model)
             facts = checkpoint_facts(api.state, owner, body.get("path") or "")
-        except Exception as exc:
-            await api.refuse(model_id, seq_id, exc)
-        op = "resume_from_checkpoint" if body.get("optimizer") else "load"
+            op = "resume_from_checkpoint" if body.get("optimizer") else "load"
 
-        async def run_call() -> dict:
-            await client.call(owner, op, {"adapter_name": model_id, "path": facts.path})
-            return {
-                "path": convert.to_tinker_path(facts.path),
-                "model_id": model_id,
-                "type": "load_weights",
-            }
+            async def run_call() -> dict:
+                await client.call(owner, op, {"adapter_name": model_id, "path": facts.path})
+                return {
+                    "path": convert.to_tinker_path(facts.path),
+                    "model_id": model_id,
+                    "type": "load_weights",
+                }
 
-        return api.submit_call(call, run_call)
+            return run_call
+
+        return await api.sequenced(call, prepare)
 
     @router.post("/weights_info")
     async def weights_info(request: Request) -> dict:
@@ -189,3 +170,29 @@ async def _create_from_checkpoint(api: TinkerApi, owner: str, request: Request, 
     return api.submitted(
         api.futures.submit(owner, "load_weights", run, model_id=model_id, dedupe=keys), model_id
     )
+
+
+def _sampler_save(
+    api: TinkerApi, owner: str, body: dict, model_id: str, run, name: str, named: bool
+):
+    """What ``save_weights_for_sampler`` runs in its turn: a named checkpoint, or an ephemeral one
+    behind a new sampling session."""
+
+    async def run_call() -> dict:
+        ttl = body.get("ttl_seconds") if named else body.get("ttl_seconds") or EPHEMERAL_TTL_S
+        path = await api.save(owner, model_id, name, "sampler_weights", ttl)
+        if named:
+            return {"path": convert.to_tinker_path(path), "type": "save_weights_for_sampler"}
+        sid = (
+            f"{run.session_id}:sample:{body.get('sampling_session_seq_id')}:{uuid.uuid4().hex[:8]}"
+        )
+        api.state.create_sampling_session(
+            owner,
+            run.session_id,
+            base_model=run.base_model,
+            model_path=path,
+            sampling_session_id=sid,
+        )
+        return {"sampling_session_id": sid, "type": "save_weights_for_sampler"}
+
+    return run_call

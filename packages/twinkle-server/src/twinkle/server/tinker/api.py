@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,8 +13,8 @@ from fastapi import Request
 from twinkle.server.context import ServerContext
 from twinkle.server.errors import BadRequest, PayloadTooLarge
 from twinkle.server.gateway.backends import Backends
-from twinkle.server.gateway.tinker_futures import TinkerFutures, body_digest
-from twinkle.server.gateway.tinker_models import checkpoint_facts
+from twinkle.server.tinker.futures import TinkerFutures, body_digest
+from twinkle.server.tinker.models import checkpoint_facts
 from twinkle.server.web import read_json
 
 LONG_POLL_S = 25.0
@@ -69,6 +71,22 @@ class TinkerApi:
         return SequencedCall(
             kind, owner, body, model_id, seq_id, keys, self.futures.find(owner, keys)
         )
+
+    async def sequenced(self, call: SequencedCall, prepare: Callable[[], Any]) -> dict[str, Any]:
+        """The one path of every sequenced call: an identical earlier submission answers with
+        its request id; else ``prepare()`` validates the call NOW (a refusal still uses up the
+        seq_id, so later calls do not wait for it) and returns what runs later, in seq_id order
+        (``prepare`` may be a coroutine function).
+        """
+        if call.existing:
+            return self.submitted(call.existing, call.model_id)
+        try:
+            run = prepare()
+            if inspect.isawaitable(run):
+                run = await run
+        except Exception as exc:
+            await self.refuse(call.model_id, call.seq_id, exc)
+        return self.submit_call(call, run)
 
     def submit_call(self, call: SequencedCall, run: Any) -> dict[str, Any]:
         """Queue ``run`` as ``call``'s future, in its model's seq_id order."""

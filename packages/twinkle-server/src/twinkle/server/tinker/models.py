@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from twinkle.server.errors import BadRequest
-from twinkle.server.gateway.tinker_convert import to_twinkle_path
+from twinkle.server.tinker.convert import to_twinkle_path
 
 logger = logging.getLogger("twinkle.server.gateway.tinker")
 

@@ -9,14 +9,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from twinkle.server.errors import BadRequest
-from twinkle.server.gateway import tinker_convert as convert
-from twinkle.server.gateway import tinker_wire as wire
-from twinkle.server.gateway.tinker_api import (
+from twinkle.server.tinker import convert, wire
+from twinkle.server.tinker.api import (
     LONG_POLL_S,
     TinkerApi,
 )
-from twinkle.server.gateway.tinker_futures import PROTOBUF, Proto
-from twinkle.server.gateway.tinker_models import checkpoint_facts, model_facts
+from twinkle.server.tinker.futures import PROTOBUF, Proto
+from twinkle.server.tinker.models import checkpoint_facts, model_facts
 from twinkle.server.web import read_json
 
 

@@ -1,0 +1,257 @@
+"""The Twinkle-native model operations: one handler per model method, registered in
+:func:`native_operations`.
+
+Handlers run on the deployment's worker thread as ``handler(service, call, request)`` with the
+validated request of :mod:`twinkle.server.model.protocol`, and return plain JSON values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from twinkle.model.protocol import AdamParams
+from twinkle.server.encoding import jsonable
+from twinkle.server.errors import BadRequest
+from twinkle.server.model import protocol as p
+from twinkle.server.model.protocol import Call, Operation, OperationTable
+from twinkle.server.state import validate_checkpoint_name
+
+if TYPE_CHECKING:
+    from twinkle.server.model.service import ModelService
+
+_LOSS_EXTRAS = ("advantages", "old_logprobs", "ref_logprobs", "weights")
+
+
+def decode_inputs(inputs: Any) -> list[Any]:
+    """Wire inputs -> what the model takes: features get numpy arrays, trajectories stay dicts."""
+    if isinstance(inputs, dict):
+        inputs = [inputs]
+    if not isinstance(inputs, list) or not inputs:
+        raise BadRequest("inputs must be a non-empty list of features or trajectories")
+    decoded = []
+    for i, item in enumerate(inputs):
+        if not isinstance(item, dict):
+            raise BadRequest(f"inputs[{i}] must be an object, got {type(item).__name__}")
+        if "input_ids" in item:
+            decoded.append(_decode_feature(i, item))
+        elif "messages" in item:
+            decoded.append(item)
+        else:
+            raise BadRequest(f"inputs[{i}] has neither input_ids nor messages")
+    return decoded
+
+
+def _decode_feature(i: int, item: dict[str, Any]) -> dict[str, Any]:
+    feature = {}
+    for key, value in item.items():
+        if isinstance(value, list):
+            try:
+                feature[key] = np.asarray(
+                    value, dtype=np.float32 if key in _LOSS_EXTRAS else np.int64
+                )
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise BadRequest(f"inputs[{i}].{key}: not a list of numbers") from exc
+        else:
+            feature[key] = value
+    ids = feature["input_ids"]
+    if not isinstance(ids, np.ndarray) or ids.ndim != 1 or not len(ids):
+        raise BadRequest(f"inputs[{i}].input_ids must be a non-empty list of token ids")
+    return feature
+
+
+def count_tokens(request: Any) -> int:
+    """Input tokens of a training request (0 for any other request)."""
+    inputs = getattr(request, "inputs", None)
+    if isinstance(inputs, dict):
+        inputs = [inputs]
+    if not isinstance(inputs, list):
+        return 0
+    return sum(len(x.get("input_ids", ())) for x in inputs if isinstance(x, dict))
+
+
+def check_lengths(request: Any, max_length: int) -> None:
+    inputs = getattr(request, "inputs", None)
+    for i, item in enumerate(inputs if isinstance(inputs, list) else [inputs]):
+        if isinstance(item, dict) and len(item.get("input_ids", ())) > max_length:
+            raise BadRequest(
+                f"inputs[{i}] has {len(item['input_ids'])} tokens, over the server's max_length={max_length}"
+            )
+
+
+def training_kwargs(request: p.Training) -> dict[str, Any]:
+    """A training request as the backend method's keyword arguments, inputs decoded."""
+    kwargs = request.kwargs()
+    kwargs["inputs"] = decode_inputs(kwargs["inputs"])
+    return kwargs
+
+
+# ---------------------------------------------------------------------------- handlers
+def add_adapter_to_model(service: ModelService, call: Call, request: p.AddAdapter):
+    """A new adapter and its training run; a Tinker run (``training_run_id``) keeps that exact
+    run id, may carry an init ``seed`` in its config and trains with AdamW (``optim_step``)."""
+    config = dict(request.config)
+    kwargs: dict[str, Any] = {"gradient_accumulation_steps": request.gradient_accumulation_steps}
+    tinker_run = request.training_run_id is not None
+    if tinker_run and config.get("seed") is not None:
+        kwargs["seed"] = int(config.pop("seed"))
+    service.model.add_adapter_to_model(call.internal, config, **kwargs)
+    try:
+        if tinker_run:
+            service.model.set_optimizer(
+                "AdamW", adapter_name=call.internal, **AdamParams().optimizer_kwargs()
+            )
+        run_id = service.registry.create_run(
+            call.owner,
+            adapter_name=call.name,
+            base_model=service.base_model,
+            lora_rank=request.rank,
+            lora_config=jsonable(config),
+            session_id=request.session_id,
+            training_run_id=request.training_run_id,
+            model_seq_id=request.model_seq_id,
+            user_metadata=request.user_metadata,
+        )
+    except Exception:
+        service.model.remove_adapter(adapter_name=call.internal)
+        raise
+    service.adapter_added(call, run_id, request.rank, request.session_id)
+    return {"adapter_name": call.name, "training_run_id": run_id}
+
+
+def remove_adapter(service: ModelService, call: Call, request: p.Empty):
+    entry = service.entry(call)
+    service.model.remove_adapter(adapter_name=call.internal)
+    service.adapter_removed(call, entry)
+    return {"removed": entry.name}
+
+
+def _setter(method: str, field: str) -> Callable:
+    def handler(service: ModelService, call: Call, request: p.OpenRequest):
+        kwargs = request.kwargs()
+        getattr(service.model, method)(kwargs.pop(field), adapter_name=call.internal, **kwargs)
+        return {"ok": True}
+
+    return handler
+
+
+def _training(method: str) -> Callable:
+    def handler(service: ModelService, call: Call, request: p.Training):
+        kwargs = training_kwargs(request)
+        return jsonable(getattr(service.model, method)(adapter_name=call.internal, **kwargs))
+
+    return handler
+
+
+def _method(method: str) -> Callable:
+    """A backend method called with the request's fields as keyword arguments."""
+
+    def handler(service: ModelService, call: Call, request: p.Request):
+        return jsonable(
+            getattr(service.model, method)(adapter_name=call.internal, **request.kwargs())
+        )
+
+    return handler
+
+
+def calculate_metric(service: ModelService, call: Call, request: p.CalculateMetric):
+    metric = service.model.calculate_metric(
+        is_training=request.is_training, adapter_name=call.internal
+    )
+    return {"result": jsonable(metric.result)}
+
+
+def get_train_configs(service: ModelService, call: Call, request: p.Empty):
+    entry = service.entry(call)
+    configs = jsonable(service.model.get_train_configs(adapter_name=call.internal))
+    configs["adapter_name"], configs["model_id"] = entry.name, service.base_model
+    configs["training_run_id"] = entry.run_id
+    return configs
+
+
+def save(service: ModelService, call: Call, request: p.Save):
+    entry = service.entry(call)
+    name = validate_checkpoint_name(request.name)
+    kind = "sampler_weights" if request.kind == "sampler" else "weights"
+    target = service.registry.checkpoint_dir(entry.owner, entry.run_id, kind, name)
+    service.model.save(
+        name,
+        output_dir=target.parent,
+        save_optimizer=request.save_optimizer,
+        consumed_train_samples=request.consumed_train_samples,
+        adapter_name=call.internal,
+    )
+    return {"path": service.registry.add_checkpoint(entry.owner, entry.run_id, kind, name)}
+
+
+def _from_checkpoint(method: str) -> Callable:
+    def handler(service: ModelService, call: Call, request: p.FromCheckpoint):
+        directory = service.registry.resolve_checkpoint(call.owner, request.target)
+        result = getattr(service.model, method)(str(directory), adapter_name=call.internal)
+        return jsonable(result) or {"ok": True}
+
+    return handler
+
+
+def optim_step(service: ModelService, call: Call, request: p.OptimStep):
+    """The backend's Tinker-style ``optim_step`` with this call's Adam parameters."""
+    try:
+        params = AdamParams.coerce(request.adam_params)
+    except ValueError as exc:
+        raise BadRequest(f"adam_params: {exc}") from None
+    return jsonable(service.model.optim_step(params, adapter_name=call.internal))
+
+
+def clip_grad_and_step_many(service: ModelService, calls: list[Call], requests: list) -> dict:
+    """Several tenants' ``clip_grad_and_step`` as one batched step (same ``max_grad_norm``)."""
+    norms = {r.max_grad_norm for r in requests}
+    if len(norms) != 1:
+        raise ValueError("these clip_grad_and_step calls cannot be batched")
+    return service.model.clip_grad_and_step_many([c.internal for c in calls], norms.pop())
+
+
+def native_operations() -> OperationTable:
+    """Every Twinkle-native operation of the model deployment."""
+    op = Operation
+    return OperationTable(
+        [
+            op("add_adapter_to_model", p.AddAdapter, add_adapter_to_model, creates_adapter=True),
+            op("remove_adapter", p.Empty, remove_adapter),
+            op("set_template", p.SetTemplate, _setter("set_template", "template")),
+            op("set_processor", p.SetProcessor, _setter("set_processor", "processor")),
+            op("set_loss", p.SetLoss, _setter("set_loss", "loss")),
+            op("set_optimizer", p.SetOptimizer, _setter("set_optimizer", "optimizer")),
+            op("set_lr_scheduler", p.SetLrScheduler, _setter("set_lr_scheduler", "scheduler")),
+            op("forward", p.Training, _training("forward"), trains=True),
+            op("forward_only", p.Training, _training("forward_only")),
+            op("forward_backward", p.Training, _training("forward_backward"), trains=True),
+            op("calculate_loss", p.CalculateLoss, _method("calculate_loss")),
+            op("backward", p.Empty, _method("backward")),
+            op("clip_grad_norm", p.MaxGradNorm, _method("clip_grad_norm")),
+            op("step", p.Empty, _method("step"), steps=True),
+            op("zero_grad", p.Empty, _method("zero_grad")),
+            op("lr_step", p.Empty, _method("lr_step")),
+            op("clip_grad_and_step", p.MaxGradNorm, _method("clip_grad_and_step"), steps=True),
+            op("optim_step", p.OptimStep, optim_step, steps=True),
+            op("calculate_metric", p.CalculateMetric, calculate_metric),
+            op("get_train_configs", p.Empty, get_train_configs),
+            op("save", p.Save, save),
+            op("load", p.FromCheckpoint, _from_checkpoint("load")),
+            op(
+                "resume_from_checkpoint",
+                p.FromCheckpoint,
+                _from_checkpoint("resume_from_checkpoint"),
+            ),
+        ]
+    )
+
+
+__all__ = [
+    "check_lengths",
+    "count_tokens",
+    "decode_inputs",
+    "native_operations",
+    "training_kwargs",
+]
