@@ -5,26 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from twinkle.model.lora.spec import AdapterSpec
 from twinkle.model.metrics import MetricAccumulator
-
-
-class TrainConfigs(BaseModel):
-    """A tenant's training configuration, as ``get_train_configs()`` reports it."""
-
-    model_config = ConfigDict(extra="allow")
-
-    adapter_name: str
-    model_id: str
-    lora: dict[str, Any] | None
-    gradient_accumulation_steps: int
-    loss: dict[str, Any] | None
-    optimizer: dict[str, Any] | None
-    lr_scheduler: dict[str, Any] | None
-    template: str | None
-    processor: dict[str, Any] | None
+from twinkle_client.types import TrainConfigs  # one type: what the client gets, locally too
 
 
 @dataclass

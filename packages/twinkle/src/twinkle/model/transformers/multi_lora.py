@@ -16,7 +16,6 @@ from twinkle.errors import (
     UnknownAdapterError,
 )
 from twinkle.hub import resolve_model_dir
-from twinkle.model import multi_step
 from twinkle.model.flat import FlatAdapter
 from twinkle.model.lora import (
     LoraRouter,
@@ -49,9 +48,10 @@ from twinkle.model.step import (
     record_train_metrics,
     with_loss_inputs,
 )
+from twinkle.model.step import optimizer as optimizer_steps
 from twinkle.model.step.tensors import is_collated
 from twinkle.model.tenant import Tenant, TrainConfigs
-from twinkle.model.threads import one_thread, small_on_cpu
+from twinkle.model.threads import small_on_cpu
 from twinkle.model.transformers import _checkpoints
 
 
@@ -408,16 +408,9 @@ class MultiLoraTransformersModel:
 
     def clip_grad_norm(self, max_grad_norm: float = 1.0, adapter_name: str | None = None) -> float:
         """Clip the tenant's gradient norm; returns the norm before clipping."""
-        tenant = self.tenant(adapter_name)
-        grads = _grads(tenant)
-        if not tenant.pending_grads or not grads:
-            raise StateOrderError(
-                f"adapter {tenant.name!r} has no gradients: call forward_backward first"
-            )
-        with one_thread(self._small_cpu(grads)):
-            (norm,) = multi_step.clip_grad_norms([grads], max_grad_norm)
-        tenant.last_grad_norm = norm
-        return norm
+        return optimizer_steps.clip_grad_norm(
+            self.tenant(adapter_name), max_grad_norm, self._small_cpu
+        )
 
     def step(self, adapter_name: str | None = None) -> None:
         """One optimizer step for the tenant (Adam with lr 1e-4 if none was set)."""
@@ -426,14 +419,13 @@ class MultiLoraTransformersModel:
             raise StateOrderError(
                 f"adapter {tenant.name!r} has no gradients: call forward_backward before step"
             )
-        if tenant.optimizer is None:
-            self.set_optimizer("Adam", adapter_name=tenant.name, lr=1e-4)
+        self._ensure_optimizer(tenant)
         tenant.optimizer.step()
         tenant.cur_step += 1
 
     def zero_grad(self, adapter_name: str | None = None) -> None:
         """Discard the tenant's gradients (zeroed in place when they live in its flat buffer)."""
-        _discard_grads(self.tenant(adapter_name))
+        optimizer_steps.discard_grads(self.tenant(adapter_name))
 
     def lr_step(self, adapter_name: str | None = None) -> None:
         tenant = self.tenant(adapter_name)
@@ -460,37 +452,13 @@ class MultiLoraTransformersModel:
         Returns:
             ``{adapter_name: whether its optimizer stepped}``.
         """
-        tenants = [self.tenant(name) for name in adapter_names]
-        if len({t.name for t in tenants}) != len(tenants):
-            raise InvalidArgumentError(f"adapter names repeat in {list(adapter_names)!r}")
-        grads_of: dict[str, list[torch.Tensor]] = {}
-        for tenant in tenants:
-            grads_of[tenant.name] = _grads(tenant)  # checks the flat buffer's views once
-            if not tenant.pending_grads or not grads_of[tenant.name]:
-                raise StateOrderError(
-                    f"adapter {tenant.name!r} has no gradients: call forward_backward before step"
-                )
-        stepping = []
-        for tenant in tenants:
-            tenant.micro_step += 1
-            if tenant.micro_step % tenant.gradient_accumulation_steps == 0:
-                stepping.append(tenant)
-        for tenant in stepping:
-            if tenant.optimizer is None:
-                self.set_optimizer("Adam", adapter_name=tenant.name, lr=1e-4)
-        grads = [grads_of[t.name] for t in stepping]
-        # A tenant whose gradients are its flat buffer's views steps with the flat buffers.
-        flats = [t.flat if _is_flat(t, grads_of[t.name]) else None for t in stepping]
-        with one_thread(self._small_cpu([g for tenant_grads in grads for g in tenant_grads])):
-            norms = multi_step.clip_grad_norms(grads, max_grad_norm)
-            multi_step.optimizer_steps([t.optimizer for t in stepping], flats)
-        for tenant, norm, flat in zip(stepping, norms, flats):
-            tenant.last_grad_norm = norm
-            tenant.cur_step += 1
-            _discard_grads(tenant, flat)
-            self.lr_step(adapter_name=tenant.name)
-        stepped = {t.name for t in stepping}
-        return {t.name: t.name in stepped for t in tenants}
+        return optimizer_steps.clip_grad_and_step_many(
+            [self.tenant(name) for name in adapter_names],
+            max_grad_norm,
+            ensure_optimizer=self._ensure_optimizer,
+            lr_step=lambda tenant: self.lr_step(adapter_name=tenant.name),
+            small=self._small_cpu,
+        )
 
     def optim_step(
         self,
@@ -500,41 +468,24 @@ class MultiLoraTransformersModel:
         """A Tinker-style optimizer step: clip (when ``grad_clip_norm`` > 0), one AdamW step with
         THIS call's hyper-parameters, zero the gradients.
 
-        The tenant's optimizer becomes AdamW (its moments are kept across calls); the hyper-parameters
-        may change from call to call, as Tinker's ``optim_step(AdamParams(...))`` allows.
+        The tenant's optimizer becomes AdamW (its moments are kept across calls); the
+        hyper-parameters may change from call to call, as Tinker's ``optim_step(AdamParams(...))``
+        allows.
 
         Returns:
             ``{'grad_norm': norm before clipping, 'learning_rate': ..., 'step': steps taken}``.
         """
         params = adam_params_of(adam_params)
-        tenant = self.tenant(adapter_name)
-        if not tenant.pending_grads:
-            raise StateOrderError(
-                f"adapter {tenant.name!r}: optim_step without gradients: call forward_backward first"
-            )
-        hyper = params.optimizer_kwargs()
-        if not isinstance(tenant.optimizer, torch.optim.AdamW):
-            # Built with a positive rate (0 is refused at construction), then this call's rate.
-            first = {**hyper, "lr": params.learning_rate or AdamParams().learning_rate}
-            self.set_optimizer("AdamW", adapter_name=tenant.name, **first)
-        for group in tenant.optimizer.param_groups:
-            group.update(hyper)
-        # The same kernels as clip_grad_and_step: the flat buffers when every .grad is a view
-        # of them (after a fused or data-parallel step the gradients live there).
-        grads = _grads(tenant)
-        flat = tenant.flat if _is_flat(tenant, grads) else None
-        max_norm = params.grad_clip_norm if params.grad_clip_norm > 0 else float("inf")
-        (norm,) = multi_step.clip_grad_norms([grads], max_norm) if grads else (0.0,)
-        if params.learning_rate > 0 and grads:
-            multi_step.optimizer_steps([tenant.optimizer], [flat])
-        tenant.last_grad_norm = norm
-        tenant.cur_step += 1
-        _discard_grads(tenant)
-        return {
-            "grad_norm": norm,
-            "learning_rate": params.learning_rate,
-            "step": float(tenant.cur_step),
-        }
+        return optimizer_steps.optim_step(
+            self.tenant(adapter_name),
+            params,
+            make_adamw=lambda t, kw: self.set_optimizer("AdamW", adapter_name=t.name, **kw),
+        )
+
+    def _ensure_optimizer(self, tenant: Tenant) -> None:
+        """A tenant that steps without an optimizer gets Adam with lr 1e-4."""
+        if tenant.optimizer is None:
+            self.set_optimizer("Adam", adapter_name=tenant.name, lr=1e-4)
 
     def calculate_metric(self, is_training: bool = True, adapter_name: str | None = None) -> Metric:
         """Averages since the last call: loss, token_acc, grad_norm, lr, step."""
@@ -609,26 +560,3 @@ class MultiLoraTransformersModel:
 
 
 __all__ = ["MultiLoraTransformersModel"]
-
-
-def _discard_grads(tenant: Tenant, checked_flat: FlatAdapter | None = None) -> None:
-    """``zero_grad``: zero the flat buffer in place when every ``.grad`` is its view (known
-    already when ``checked_flat`` is given), else drop the gradients."""
-    if checked_flat is not None:
-        checked_flat.grad.zero_()
-    elif tenant.flat is None or not tenant.flat.zero_grad():
-        for param in tenant.params:
-            param.grad = None
-    tenant.pending_grads = False
-
-
-def _is_flat(tenant: Tenant, grads: list[torch.Tensor]) -> bool:
-    """Whether ``grads`` (from :func:`_grads`) is the tenant's flat gradient buffer."""
-    return tenant.flat is not None and len(grads) == 1 and grads[0] is tenant.flat.grad
-
-
-def _grads(tenant: Tenant) -> list[torch.Tensor]:
-    """The tenant's gradient tensors: its flat buffer when every ``.grad`` is a view of it."""
-    if tenant.flat is not None and tenant.flat.owns_grads():
-        return [tenant.flat.grad]
-    return [p.grad for p in tenant.params if p.grad is not None]
