@@ -18,12 +18,13 @@ import numpy as np
 import torch
 
 from twinkle.errors import InvalidArgumentError
-from twinkle.loss import get_loss
+from twinkle.loss import loss_from_spec
 from twinkle.model.step.tensors import (
     IGNORE_INDEX,
     PER_TOKEN_KEYS,
     as_float_tensor,
     is_collated,
+    pad_rows,
     shift_left,
     split_inputs,
 )
@@ -126,7 +127,7 @@ def collate(
         alignment=alignment,
         num_samples=rows,
         loss_kwargs=kwargs,
-        loss=None if loss is None else request_loss(loss),
+        loss=None if loss is None else loss_from_spec(loss),
     )
 
 
@@ -154,25 +155,7 @@ def per_token(value: Any, rows: int, seq: int, name: str, alignment: Alignment) 
         value = value.detach().cpu().numpy()
     if all(np.ndim(v) == 0 for v in value):
         return as_float_tensor(value, rows, seq, name)
-    if len(value) != rows:
-        raise InvalidArgumentError(f"{name}: {len(value)} rows of values for {rows} rows of inputs")
-    out = torch.zeros(rows, seq, dtype=torch.float32)
-    for i, row in enumerate(value):
-        row = np.asarray(row, dtype=np.float32).reshape(-1)
-        if row.shape[0] > seq:
-            raise InvalidArgumentError(
-                f"{name}: row {i} has {row.shape[0]} values, longer than its {seq} tokens"
-            )
-        out[i, : row.shape[0]] = torch.from_numpy(row)
-    return out
-
-
-def request_loss(spec: Any) -> Any:
-    """A per-request loss: a name, ``{'name': ..., **config}`` or a Loss instance."""
-    if isinstance(spec, dict):
-        config = dict(spec)
-        return get_loss(config.pop("name"), **config)
-    return get_loss(spec)
+    return pad_rows(value, rows, seq, name)  # aligned already: no shift
 
 
 def _aligned_targets(tensors: dict[str, torch.Tensor], vocab_size: int) -> torch.Tensor:

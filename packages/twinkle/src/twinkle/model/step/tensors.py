@@ -80,20 +80,7 @@ def as_float_tensor(value: Any, rows: int, seq: int, name: str) -> torch.Tensor:
         if array.shape[0] != rows:
             raise InvalidArgumentError(f"{name}: {array.shape[0]} values for {rows} rows")
         return torch.from_numpy(array.copy())
-    rows_list = list(value)
-    if len(rows_list) != rows:
-        raise InvalidArgumentError(
-            f"{name}: {len(rows_list)} rows of values for {rows} rows of inputs"
-        )
-    out = torch.zeros(rows, seq, dtype=torch.float32)
-    for i, row in enumerate(rows_list):
-        row = np.asarray(row, dtype=np.float32).reshape(-1)
-        if row.shape[0] > seq:
-            raise InvalidArgumentError(
-                f"{name}: row {i} has {row.shape[0]} values, longer than its {seq} tokens"
-            )
-        out[i, : row.shape[0]] = torch.from_numpy(row)
-    return shift_left(out, 0.0)
+    return shift_left(pad_rows(value, rows, seq, name), 0.0)
 
 
 def is_collated(inputs: Any) -> bool:
@@ -119,3 +106,25 @@ def _has_tokens(item: Any) -> bool:
     if isinstance(item, dict):
         return "input_ids" in item
     return hasattr(item, "input_ids") and not hasattr(item, "messages")
+
+
+def pad_rows(value: Any, rows: int, seq: int, name: str) -> torch.Tensor:
+    """Per-row sequences of values as a zero-padded ``[rows, seq]`` float tensor.
+
+    Raises:
+        InvalidArgumentError: Another number of rows, or a row longer than ``seq``.
+    """
+    rows_list = list(value)
+    if len(rows_list) != rows:
+        raise InvalidArgumentError(
+            f"{name}: {len(rows_list)} rows of values for {rows} rows of inputs"
+        )
+    out = torch.zeros(rows, seq, dtype=torch.float32)
+    for i, row in enumerate(rows_list):
+        row = np.asarray(row, dtype=np.float32).reshape(-1)
+        if row.shape[0] > seq:
+            raise InvalidArgumentError(
+                f"{name}: row {i} has {row.shape[0]} values, longer than its {seq} tokens"
+            )
+        out[i, : row.shape[0]] = torch.from_numpy(row)
+    return out
