@@ -10,7 +10,7 @@ use it without pulling in a backend.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from twinkle.errors import InvalidArgumentError
@@ -26,17 +26,10 @@ class Capabilities:
             pass through the base model.
         batched_optimizer_step: ``clip_grad_and_step_many``: several tenants' optimizer steps
             with shared multi-tensor kernels.
-        split_forward_backward: ``forward`` / ``calculate_loss`` / ``backward`` as separate calls.
-        per_tensor_state: ``adapter_state_dict`` / ``load_adapter_state_dict`` (in-memory weights).
     """
 
     fused_forward_backward: bool = False
     batched_optimizer_step: bool = False
-    split_forward_backward: bool = False
-    per_tensor_state: bool = False
-
-    def to_dict(self) -> dict[str, bool]:
-        return asdict(self)
 
 
 def adam_params(params: AdamParams | Mapping[str, Any] | None) -> AdamParams:

@@ -59,9 +59,7 @@ class DataParallelModel:
     """
 
     # Fused passes run on every replica; optimizer steps run per tenant (each checked by checksum).
-    capabilities = Capabilities(
-        fused_forward_backward=True, split_forward_backward=True, per_tensor_state=True
-    )
+    capabilities = Capabilities(fused_forward_backward=True)
 
     def __init__(
         self,

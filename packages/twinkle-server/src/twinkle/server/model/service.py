@@ -13,9 +13,9 @@ from typing import Any
 from twinkle.model.protocol import capabilities_of
 from twinkle.server.encoding import jsonable
 from twinkle.server.errors import AtCapacity, BadRequest, NotFound, from_exception
-from twinkle.server.model import operations as native_ops
 from twinkle.server.model.operations import (
     check_lengths,
+    clip_grad_and_step_many,
     count_tokens,
     native_operations,
     training_kwargs,
@@ -143,7 +143,7 @@ class ModelService:
             raise BadRequest(f"adapter_name must be a string, got {type(name).__name__}")
         operation, request = self.operations.parse(op, body)
         call = Call(owner, name, self._internal(owner, name))
-        self.admit(operation, call, request)
+        self.admit(operation, call, request, queued=True)
         tokens = count_tokens(request)
         if tokens:
             self.rate_limiter.check(owner, tokens)
@@ -165,9 +165,12 @@ class ModelService:
             )
         return NotFound(f"unknown adapter {call.name!r}: call add_adapter_to_model first")
 
-    def admit(self, operation: Operation, call: Call, request: Request) -> None:
-        """Every admission check of a call, in one place: run when the call is queued and again
-        when it runs (another call may have been queued in between).
+    def admit(
+        self, operation: Operation, call: Call, request: Request, queued: bool = False
+    ) -> None:
+        """Every admission check of a call, in one place: run when the call is queued
+        (``queued``) and again, without the state look-up, when it runs (another call may have
+        changed the adapters in between; the tenant's run count was read at queue time).
 
         Raises:
             BadRequest: Rank over ``max_lora_rank``, a duplicate name, or the tenant's
@@ -187,7 +190,8 @@ class ModelService:
         if call.internal in self.adapters:
             raise BadRequest(f"adapter {call.name!r} already exists for this API key")
         if (
-            self.per_token_model_limit is not None
+            queued
+            and self.per_token_model_limit is not None
             and self.registry.count_active_runs(call.owner) >= self.per_token_model_limit
         ):
             raise BadRequest(
@@ -239,7 +243,7 @@ class ModelService:
             requests = {job.call.internal: training_kwargs(job.request) for job in jobs}
             results = self.model.forward_backward_many(requests)
         else:
-            results = native_ops.clip_grad_and_step_many(
+            results = clip_grad_and_step_many(
                 self, [job.call for job in jobs], [job.request for job in jobs]
             )
         now = self.clock()

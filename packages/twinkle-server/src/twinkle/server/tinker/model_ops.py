@@ -12,6 +12,7 @@ features carrying ``target_tokens`` and a per-request ``loss``.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from twinkle.model.protocol import AdamParams
@@ -24,7 +25,7 @@ from twinkle.server.model.protocol import Call, Empty, Operation, OperationTable
 def check_adam_params(params: Any) -> dict[str, float]:
     """``AdamParams`` with defaults filled in, as a dict; a value Adam cannot use is a 400."""
     try:
-        return dict(AdamParams.coerce(params).__dict__)
+        return dataclasses.asdict(AdamParams.coerce(params))
     except ValueError as exc:  # InvalidArgumentError
         raise BadRequest(f"adam_params: {exc}") from None
 

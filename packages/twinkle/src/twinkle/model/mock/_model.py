@@ -68,6 +68,10 @@ class MockModel:
         """Drop an adapter with all its state."""
         self._adapters.pop(self._resolve(adapter_name).name)
 
+    def list_adapters(self) -> list[str]:
+        """The adapters on the model, in the order they were added."""
+        return list(self._adapters)
+
     def set_template(self, template: Any, adapter_name: str | None = None, **kwargs) -> None:
         """Record the template name (the mock works on token ids)."""
         self._resolve(adapter_name).set_template(template)

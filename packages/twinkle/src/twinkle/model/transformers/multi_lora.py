@@ -79,8 +79,6 @@ class MultiLoraTransformersModel:
     capabilities = Capabilities(
         fused_forward_backward=True,
         batched_optimizer_step=True,
-        split_forward_backward=True,
-        per_tensor_state=True,
     )
 
     def __init__(
