@@ -23,10 +23,13 @@ def _unused_port() -> int:
 
 
 def _main_server(direct_url: str | None):
-    """The main address: offers ``direct_url`` and answers every op with ``"main"``."""
+    """The main address: publishes its routes, offers ``direct_url`` and answers every op with
+    ``"main"``; ``seen`` records every call but the route table's."""
     seen: list[str] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/api/v1/routes":
+            return httpx.Response(200, json={"models": {"tiny/qwen3": ROUTE}})
         seen.append(f"{request.method} {request.url.path}")
         if request.url.path.endswith("/endpoint"):
             return httpx.Response(200, json={"direct_url": direct_url})

@@ -21,11 +21,17 @@ from twinkle_client._http import (
 )
 from twinkle_client._version import __version__
 from twinkle_client.errors import NotFoundError, TwinkleClientError
-from twinkle_client.types import Checkpoint, ServerCapabilities, TrainingRun
+from twinkle_client.types import (
+    DEFAULT_GATEWAY,
+    Checkpoint,
+    RouteTable,
+    ServerCapabilities,
+    TrainingRun,
+)
 
 logger = logging.getLogger("twinkle_client")
 
-API_PREFIX = "/api/v1"
+API_PREFIX = DEFAULT_GATEWAY
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 DIRECT_CONNECT_TIMEOUT_S = 2.0  # a replica address that does not connect this fast is not used
 HEARTBEAT_INTERVAL_S = 10.0
@@ -100,6 +106,8 @@ class TwinkleClient:
         self._max_retries = max_retries
         self._routes: dict[str, HttpTransport] = {}  # model route -> where its calls go
         self._routes_lock = threading.Lock()
+        self._route_table: RouteTable | None = None
+        self._route_table_lock = threading.Lock()
         self.session_id: str | None = None
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
@@ -224,13 +232,47 @@ class TwinkleClient:
         return max(enumerate(training), key=lambda ic: (ic[1].time or "", ic[0]))[1].twinkle_path
 
     # ------------------------------------------------------------------ deployments
+    def get_routes(self) -> RouteTable:
+        """Where the server's model, sampler and processor applications answer.
+
+        Asked once (``GET /api/v1/routes``) and kept; a server that publishes no table (an older
+        version) gets :meth:`RouteTable.default_layout`.
+        """
+        if self._route_table is None:
+            with self._route_table_lock:
+                if self._route_table is None:
+                    self._route_table = self._fetch_routes()
+        return self._route_table
+
+    def _fetch_routes(self) -> RouteTable:
+        try:
+            reply = self.http.get(f"{API_PREFIX}/routes")
+        except NotFoundError:
+            return RouteTable.default_layout()
+        if not isinstance(reply, dict) or "models" not in reply:
+            return RouteTable.default_layout()
+        return RouteTable.model_validate(reply)
+
     def model_route(self, model_id: str) -> str:
-        return f"{API_PREFIX}/model/{served_model_name(model_id)}"
+        """The route prefix of the model application training ``model_id``.
+
+        Raises:
+            NotFoundError: The server trains no such base model (the message lists those it does).
+        """
+        return self.get_routes().model_route(served_model_name(model_id))
 
     def sampler_route(self, model_id: str) -> str:
-        return f"{API_PREFIX}/sampler/{served_model_name(model_id)}"
+        """The route prefix of the sampler application of ``model_id``.
 
-    processor_route = f"{API_PREFIX}/processor"
+        Raises:
+            NotFoundError: The server samples no such base model.
+        """
+        return self.get_routes().sampler_route(served_model_name(model_id))
+
+    @property
+    def processor_route(self) -> str:
+        """The route prefix of the processor application (remote datasets)."""
+        return self.get_routes().processor_route()
 
     def call(self, route: str, op: str, body: dict[str, Any], timeout: float | None = None) -> Any:
         """``POST <route>/<op>`` and return the reply's ``result``.
@@ -261,7 +303,7 @@ class TwinkleClient:
 
     def _direct_transport(self, route: str) -> HttpTransport | None:
         """A connection to the replica serving ``route`` itself, if it offers one we can reach."""
-        if not self._direct or not route.startswith(f"{API_PREFIX}/model/"):
+        if not self._direct or not self.get_routes().is_model_route(route):
             return None
         try:
             url = (self.http.get(f"{route}/endpoint", retries=0) or {}).get("direct_url")

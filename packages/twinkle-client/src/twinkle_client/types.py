@@ -1,4 +1,4 @@
-"""Responses of the management API: server capabilities, training runs and checkpoints.
+"""Responses of the management API: capabilities, route table, training runs and checkpoints.
 
 Responses are tolerant (unknown fields are kept, missing optional ones default), so a newer
 server does not break an older client.
@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+from twinkle_client.errors import NotFoundError
+
+DEFAULT_GATEWAY = "/api/v1"
 
 
 class _Response(BaseModel):
@@ -28,6 +32,89 @@ class ServerCapabilities(_Response):
     """What ``TwinkleClient.get_server_capabilities()`` returns."""
 
     supported_models: list[SupportedModel] = Field(default_factory=list)
+
+
+class RouteTable(_Response):
+    """Where the server's applications answer (``GET /api/v1/routes``), as absolute paths.
+
+    Route prefixes are the server's configuration, so the client reads them instead of assuming
+    a layout. A server that publishes no table (older versions) uses the default layout
+    (``/api/v1/model/<name>``, ``/api/v1/sampler/<name>``, ``/api/v1/processor``), which
+    :meth:`default_layout` stands for.
+
+    Attributes:
+        gateway: The gateway's prefix.
+        models: Model application prefix by base model (``Qwen/Qwen3.5-4B``).
+        samplers: Sampler application prefix by base model.
+        processors: Processor application prefixes; remote datasets use the first.
+    """
+
+    gateway: str = DEFAULT_GATEWAY
+    models: dict[str, str] = Field(default_factory=dict)
+    samplers: dict[str, str] = Field(default_factory=dict)
+    processors: list[str] = Field(default_factory=list)
+    _published: bool = PrivateAttr(default=True)
+
+    @classmethod
+    def default_layout(cls) -> RouteTable:
+        """The layout of a server that publishes no route table."""
+        table = cls()
+        table._published = False
+        return table
+
+    @property
+    def published(self) -> bool:
+        """``False`` for :meth:`default_layout`."""
+        return self._published
+
+    def model_route(self, model_name: str) -> str:
+        """The prefix of the model application training ``model_name``.
+
+        Raises:
+            NotFoundError: The server trains no such base model (the message lists those it does).
+        """
+        if not self._published:
+            return f"{self.gateway}/model/{model_name}"
+        return _lookup(self.models, model_name, "trains")
+
+    def sampler_route(self, model_name: str) -> str:
+        """The prefix of the sampler application of ``model_name``.
+
+        Raises:
+            NotFoundError: The server samples no such base model.
+        """
+        if not self._published:
+            return f"{self.gateway}/sampler/{model_name}"
+        return _lookup(self.samplers, model_name, "samples")
+
+    def processor_route(self) -> str:
+        """The prefix of the processor application (remote datasets).
+
+        Raises:
+            NotFoundError: The server runs no processor application.
+        """
+        if not self._published:
+            return f"{self.gateway}/processor"
+        if not self.processors:
+            raise NotFoundError(
+                "this server runs no processor application (remote datasets need one)", status=404
+            )
+        return self.processors[0]
+
+    def is_model_route(self, route: str) -> bool:
+        """Whether ``route`` is a model application's prefix."""
+        if not self._published:
+            return route.startswith(f"{self.gateway}/model/")
+        return route in self.models.values()
+
+
+def _lookup(routes: dict[str, str], model_name: str, verb: str) -> str:
+    if model_name not in routes:
+        raise NotFoundError(
+            f"unknown base model {model_name!r}; this server {verb}: {', '.join(routes) or 'none'}",
+            status=404,
+        )
+    return routes[model_name]
 
 
 class TrainingRun(_Response):
@@ -83,6 +170,7 @@ class TrainConfigs(_Response):
 __all__ = [
     "Checkpoint",
     "Cursor",
+    "RouteTable",
     "ServerCapabilities",
     "SupportedModel",
     "TrainConfigs",

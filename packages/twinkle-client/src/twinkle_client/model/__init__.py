@@ -1,7 +1,8 @@
 """Remote models: the ``twinkle.model`` classes, trained on a Twinkle server.
 
 ``MultiLoraTransformersModel(model_id='ms://Qwen/Qwen3.5-4B')`` talks to the server's model
-deployment at ``/api/v1/model/Qwen/Qwen3.5-4B`` with the client ``init_twinkle_client`` made.
+deployment (at the route the server publishes for ``Qwen/Qwen3.5-4B``) with the client
+``init_twinkle_client`` made.
 """
 
 from twinkle_client.model.adam import AdamParams

@@ -1,4 +1,4 @@
-"""Routes every client uses: health, capabilities, sessions, training runs and checkpoints.
+"""Routes every client uses: health, capabilities, route table, sessions, runs and checkpoints.
 
 Shapes follow the Tinker API (see TINKER_PROTOCOL.md); the Twinkle client reads the same ones.
 Every route but the health check needs an API key and only ever sees its own records.
@@ -14,6 +14,7 @@ from fastapi import APIRouter, Query, Request
 from twinkle.server.context import ServerContext
 from twinkle.server.errors import BadRequest
 from twinkle.server.gateway.backends import Backends
+from twinkle.server.gateway.route_table import route_table
 from twinkle.server.web import read_json
 
 
@@ -48,6 +49,7 @@ def create_common_router(ctx: ServerContext, backends: Backends) -> APIRouter:
     router = APIRouter()
     state = ctx.state
     max_bytes = ctx.server_args.max_request_bytes
+    routes = route_table(ctx.config)
 
     @router.get("/healthz")
     async def healthz() -> dict:
@@ -76,6 +78,11 @@ def create_common_router(ctx: ServerContext, backends: Backends) -> APIRouter:
                 for name in names
             ]
         }
+
+    @router.get("/routes")
+    async def route_prefixes(request: Request) -> dict:
+        ctx.authenticate(request.headers)
+        return routes
 
     @router.post("/create_session")
     async def create_session(request: Request) -> dict:
