@@ -50,6 +50,15 @@ def default_output_dir(tenant: Tenant) -> Path:
     return Path(os.environ.get("TWINKLE_OUTPUT_DIR", "output")) / tenant.name
 
 
+def checkpoint_directory(tenant: Tenant, checkpoint: str | os.PathLike) -> Path:
+    """A checkpoint directory given as a path, or as a name under the tenant's default output
+    directory (where ``save`` puts it without ``output_dir``)."""
+    path = Path(checkpoint)
+    if path.is_dir() or len(path.parts) != 1:
+        return path
+    return default_output_dir(tenant) / ckpt.validate_checkpoint_name(str(checkpoint))
+
+
 def save(
     tenant: Tenant,
     base_model: torch.nn.Module,

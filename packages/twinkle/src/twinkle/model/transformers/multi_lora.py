@@ -543,6 +543,32 @@ class MultiLoraTransformersModel:
             set_lr_scheduler=partial(self.set_lr_scheduler, adapter_name=tenant.name),
         )
 
+    def upload_to_hub(
+        self,
+        checkpoint_dir: str | os.PathLike,
+        hub_model_id: str,
+        async_upload: bool = False,
+        adapter_name: str | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Upload a checkpoint's adapter files to the ModelScope hub
+        (:func:`twinkle.hub.upload.upload_to_hub`; optimizer state stays local).
+
+        Args:
+            checkpoint_dir: What ``save`` returned, or a checkpoint name under the adapter's
+                default output directory.
+            hub_model_id: The repository, ``owner/name`` (created when missing).
+            async_upload: Return a ``Future`` at once; ``result()`` waits for the upload.
+            **kwargs: ``token``, ``endpoint``, ``private``, ``commit_message``.
+
+        Returns:
+            A ``HubUpload`` (hub_model_id, files, url), or its ``Future``.
+        """
+        from twinkle.hub.upload import upload_to_hub
+
+        directory = _checkpoints.checkpoint_directory(self.tenant(adapter_name), checkpoint_dir)
+        return upload_to_hub(directory, hub_model_id, async_upload=async_upload, **kwargs)
+
     def adapter_state_dict(self, adapter_name: str | None = None) -> dict[str, torch.Tensor]:
         """A copy of the tenant's adapter weights, PEFT-keyed."""
         return adapter_state_dict(self.model, self.tenant(adapter_name).name)

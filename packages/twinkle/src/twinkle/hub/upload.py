@@ -1,0 +1,216 @@
+"""Upload a checkpoint's adapter to the ModelScope hub, through modelscope's own ``HubApi``.
+
+Only the adapter files of a checkpoint leave the machine (:data:`UPLOADED_FILES`): the PEFT config,
+the PEFT weights and a ``README.md`` when the directory has one. Training state (optimizer,
+scheduler, RNG, pending gradients, ``trainer_state.json``) stays local: it is only useful for
+resuming here, and it is several times the size of the adapter. The files are staged in a
+temporary directory, so nothing (not even modelscope's upload cache) is written into the
+checkpoint.
+
+The token is the ``token`` argument, else ``$MODELSCOPE_API_TOKEN``, else the login saved by
+``modelscope login``. It is handed to ``HubApi`` for this upload only: it is never saved to disk
+(no ``HubApi.login``) and never logged.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+
+from twinkle.errors import InvalidArgumentError, PathNotFoundError, TwinkleError
+
+TOKEN_ENV = "MODELSCOPE_API_TOKEN"
+ENDPOINT_ENV = "MODELSCOPE_ENDPOINT"
+REQUIRED_FILES = ("adapter_config.json", "adapter_model.safetensors")
+UPLOADED_FILES = (*REQUIRED_FILES, "README.md")
+_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*/[A-Za-z0-9][A-Za-z0-9_.\-]*")
+
+
+class HubUploadError(TwinkleError, RuntimeError):
+    """An upload that cannot be done as asked: no modelscope package, no token, a token the hub
+    rejects."""
+
+
+@dataclass(frozen=True)
+class HubUpload:
+    """A finished upload.
+
+    Attributes:
+        hub_model_id: The repository (``owner/name``).
+        files: The files uploaded, by name.
+        url: The repository's page on the hub.
+    """
+
+    hub_model_id: str
+    files: tuple[str, ...]
+    url: str
+
+
+def adapter_files(checkpoint_dir: str | os.PathLike) -> tuple[str, ...]:
+    """The names of the files of ``checkpoint_dir`` that an upload sends.
+
+    Raises:
+        PathNotFoundError: The directory does not exist or lacks the adapter files.
+    """
+    directory = Path(checkpoint_dir)
+    if not directory.is_dir():
+        raise PathNotFoundError(f"checkpoint directory {str(directory)!r} does not exist")
+    missing = [name for name in REQUIRED_FILES if not (directory / name).is_file()]
+    if missing:
+        raise PathNotFoundError(
+            f"{str(directory)!r} is not an adapter checkpoint: {', '.join(missing)} missing"
+        )
+    return tuple(name for name in UPLOADED_FILES if (directory / name).is_file())
+
+
+def upload_to_hub(
+    checkpoint_dir: str | os.PathLike,
+    hub_model_id: str,
+    *,
+    token: str | None = None,
+    async_upload: bool = False,
+    endpoint: str | None = None,
+    private: bool = True,
+    commit_message: str | None = None,
+) -> HubUpload | Future[HubUpload]:
+    """Create ``hub_model_id`` on the hub if it is missing and upload the checkpoint's adapter.
+
+    Args:
+        checkpoint_dir: A checkpoint directory (what ``save`` returned).
+        hub_model_id: The repository, ``owner/name``.
+        token: A ModelScope access token (default ``$MODELSCOPE_API_TOKEN``, then the saved
+            ``modelscope login``).
+        async_upload: Upload in a background thread and return a ``Future`` at once; its
+            ``result()`` waits for the upload and raises what it raised.
+        endpoint: The hub's address (default ``$MODELSCOPE_ENDPOINT`` as set now, else
+            modelscope's default, https://www.modelscope.cn).
+        private: Create the repository private (an existing one keeps its visibility).
+        commit_message: The commit's message (default names the checkpoint).
+
+    Returns:
+        The :class:`HubUpload`, or a ``Future`` of it with ``async_upload``.
+
+    Raises:
+        InvalidArgumentError: ``hub_model_id`` is not ``owner/name``.
+        PathNotFoundError: ``checkpoint_dir`` is not an adapter checkpoint.
+        HubUploadError: modelscope is not installed, no token, or the hub rejected the token.
+    """
+    if not isinstance(hub_model_id, str) or not _REPO_ID.fullmatch(hub_model_id):
+        raise InvalidArgumentError(
+            f"hub_model_id must be 'owner/name' (letters, digits, '-', '_', '.'), got {hub_model_id!r}"
+        )
+    directory = Path(checkpoint_dir)
+    files = adapter_files(directory)
+    hub_api = _hub_api_class()
+    token = _token(token)
+    message = commit_message or f"Upload {directory.name} from Twinkle"
+
+    def run() -> HubUpload:
+        return _upload(hub_api, directory, files, hub_model_id, token, endpoint, private, message)
+
+    if not async_upload:
+        return run()
+    future: Future[HubUpload] = Future()
+
+    def background() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(run())
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever calls result()
+            future.set_exception(exc)
+
+    # Not a daemon: a script that ends right after an async upload still finishes it.
+    threading.Thread(target=background, name="twinkle-hub-upload").start()
+    return future
+
+
+def hub_username(token: str, endpoint: str | None = None) -> str | None:
+    """The hub user owning ``token``, or ``None`` when the hub does not accept it as a token.
+
+    Raises:
+        HubUploadError: modelscope is not installed.
+    """
+    hub_api = _hub_api_class()
+    from modelscope_hub.errors import AuthenticationError, PermissionDeniedError
+
+    api = hub_api(endpoint=_endpoint(endpoint), token=token)
+    try:
+        return api.whoami().username or None
+    except (AuthenticationError, PermissionDeniedError):
+        return None
+
+
+def _upload(hub_api, directory, files, hub_model_id, token, endpoint, private, message):
+    from modelscope_hub.errors import AuthenticationError, PermissionDeniedError
+
+    api = hub_api(endpoint=_endpoint(endpoint), token=token)
+    try:
+        api.create_repo(hub_model_id, visibility="private" if private else "public", exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="twinkle-hub-upload-") as staging:
+            for name in files:
+                shutil.copyfile(directory / name, Path(staging) / name)
+            api.upload_folder(
+                repo_id=hub_model_id,
+                folder_path=staging,
+                commit_message=message,
+                use_cache=False,
+                disable_tqdm=True,
+            )
+    except (AuthenticationError, PermissionDeniedError) as exc:
+        raise HubUploadError(
+            f"the hub refused to let this token write {hub_model_id!r} "
+            f"({str(exc).splitlines()[0]}). Check the "
+            f"ModelScope token (the token argument, ${TOKEN_ENV}, or the API key you gave)"
+        ) from None
+    return HubUpload(hub_model_id, files, f"{api.endpoint}/models/{hub_model_id}")
+
+
+def _hub_api_class():
+    try:
+        from modelscope.hub.api import HubApi
+    except ImportError:
+        raise HubUploadError(
+            "uploading to the hub needs the modelscope package: pip install modelscope"
+        ) from None
+    return HubApi
+
+
+def _endpoint(endpoint: str | None) -> str | None:
+    # modelscope reads its environment once per process; a later change would go unseen.
+    return endpoint or os.environ.get(ENDPOINT_ENV) or None
+
+
+def _token(token: str | None) -> str:
+    token = (token or os.environ.get(TOKEN_ENV) or "").strip() or _saved_login()
+    if not token:
+        raise HubUploadError(
+            f"no ModelScope token: pass token=..., set {TOKEN_ENV}, or run `modelscope login` "
+            "(against a Twinkle server, the API key you connect with is the token)"
+        )
+    return token
+
+
+def _saved_login() -> str:
+    from modelscope_hub.config import HubConfig
+
+    return (HubConfig().load_token() or "").strip()
+
+
+__all__ = [
+    "ENDPOINT_ENV",
+    "REQUIRED_FILES",
+    "TOKEN_ENV",
+    "UPLOADED_FILES",
+    "HubUpload",
+    "HubUploadError",
+    "adapter_files",
+    "hub_username",
+    "upload_to_hub",
+]
