@@ -19,6 +19,8 @@ def test_public_surface():
             "load_config",
             "load_tokenizer",
             "resolve_model_dir",
+            "seed_huggingface_cache",
+            "seed_modelscope_cache",
         ]
     )
     assert issubclass(ModelNotFoundError, FileNotFoundError)

@@ -81,7 +81,12 @@ def _offline() -> bool:
 def _load_hf(dataset_id: str, meta: DatasetMeta) -> datasets.Dataset:
     import datasets
 
+    from twinkle.hub._cache import find_huggingface
+
     repo = dataset_id.removeprefix("hf://")
+    cached = find_huggingface(repo, "dataset")
+    if cached is not None and _has_data_files(cached):
+        return _load_path(cached, meta)
     try:
         return datasets.load_dataset(repo, meta.subset_name, split=meta.split)
     except Exception as exc:
@@ -91,32 +96,27 @@ def _load_hf(dataset_id: str, meta: DatasetMeta) -> datasets.Dataset:
         ) from exc
 
 
-def _modelscope_cache(repo: str) -> Path:
-    try:
-        from modelscope.utils.file_utils import get_modelscope_cache_dir
-
-        root = Path(get_modelscope_cache_dir())
-    except ImportError:
-        root = Path(os.environ.get("MODELSCOPE_CACHE", "~/.cache/modelscope/hub")).expanduser()
-    return root / "datasets" / repo
+def _has_data_files(path: Path) -> bool:
+    return any(p.suffix in _BUILDERS for p in path.rglob("*"))
 
 
 def _load_ms(dataset_id: str, meta: DatasetMeta) -> datasets.Dataset:
+    from twinkle.hub._cache import download_modelscope, find_modelscope, modelscope_cache_root
+
     repo = dataset_id.removeprefix("ms://")
-    cached = _modelscope_cache(repo)
-    if cached.is_dir() and any(p.suffix in _BUILDERS for p in cached.rglob("*")):
+    cached = find_modelscope(repo, "dataset")
+    if cached is not None and _has_data_files(cached):
         return _load_path(cached, meta)
     if _offline():
         raise FileNotFoundError(
-            f"dataset {dataset_id!r} is not in the ModelScope cache ({cached}) and hub access is "
-            "off (offline mode); download it once online, or use a local path or builtin:// id"
+            f"dataset {dataset_id!r} is not in the ModelScope cache ({modelscope_cache_root()}) "
+            "and hub access is off (offline mode); download it once online, or use a local path "
+            "or builtin:// id"
         )
     try:
-        from modelscope.hub.snapshot_download import dataset_snapshot_download
-
-        local_dir = dataset_snapshot_download(repo)
+        local_dir = download_modelscope(repo, "dataset")
     except Exception as exc:
         raise FileNotFoundError(
             f"dataset {dataset_id!r} could not be downloaded from ModelScope: {exc}"
         ) from exc
-    return _load_path(Path(local_dir), meta)
+    return _load_path(local_dir, meta)

@@ -1,9 +1,13 @@
 """Model ids and the built-in offline tiny models.
 
 ``resolve_model_dir`` turns ``tiny://``, ``ms://``, ``hf://`` ids and local paths into a directory;
-``load_tokenizer`` and ``load_config`` load from it. See ``docs/models.md``.
+``load_tokenizer`` and ``load_config`` load from it. ``seed_modelscope_cache`` and
+``seed_huggingface_cache`` put a local directory into a hub's cache under a repo name, so that an
+offline machine serves ``ms://org/name`` (``python -m twinkle.hub seed --help``). See
+``docs/models.md``.
 """
 
+from ._cache import seed_huggingface_cache, seed_modelscope_cache
 from ._resolve import ModelNotFoundError, load_config, load_tokenizer, resolve_model_dir
 from ._tiny import TINY_MODELS, build_tiny_model
 
@@ -14,4 +18,6 @@ __all__ = [
     "load_config",
     "load_tokenizer",
     "resolve_model_dir",
+    "seed_huggingface_cache",
+    "seed_modelscope_cache",
 ]

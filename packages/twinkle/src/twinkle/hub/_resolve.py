@@ -8,6 +8,7 @@ from pathlib import Path
 
 from twinkle.errors import InvalidArgumentError
 
+from ._cache import download_modelscope, find_huggingface, find_modelscope
 from ._tiny import TINY_MODELS, materialize_tiny_model
 
 SCHEMES = ("tiny://", "ms://", "hf://")
@@ -46,39 +47,28 @@ def _repo_id(model_id: str, scheme: str) -> str:
     return repo_id
 
 
-def _modelscope_cache_candidates(repo_id: str) -> list[Path]:
-    cache = os.environ.get("MODELSCOPE_CACHE")
-    root = Path(cache).expanduser() if cache else Path.home() / ".cache" / "modelscope" / "hub"
-    org, name = repo_id.split("/")
-    # ModelScope stores dots in names as '___' in some versions; layouts differ across versions.
-    names = dict.fromkeys([name, name.replace(".", "___")])
-    return [base / org / n for base in (root / "models", root) for n in names]
-
-
 def _resolve_modelscope(model_id: str) -> Path:
     repo_id = _repo_id(model_id, "ms://")
-    for candidate in _modelscope_cache_candidates(repo_id):
-        if (candidate / "config.json").is_file():
-            return candidate
+    cached = find_modelscope(repo_id)
+    if cached is not None and (cached / "config.json").is_file():
+        return cached
     if _ms_offline():
         raise _not_found(model_id, "ModelScope cache (MODELSCOPE_CACHE or ~/.cache/modelscope/hub)")
-    from modelscope import snapshot_download
-
     try:
-        return Path(snapshot_download(repo_id))
+        return download_modelscope(repo_id)
     except Exception as exc:
         raise ModelNotFoundError(f"could not download {model_id!r} from ModelScope: {exc}") from exc
 
 
 def _resolve_huggingface(model_id: str) -> Path:
     repo_id = _repo_id(model_id, "hf://")
+    cached = find_huggingface(repo_id)
+    if cached is not None:
+        return cached
+    if _hf_offline():
+        raise _not_found(model_id, "Hugging Face cache (HF_HOME / HF_HUB_CACHE)")
     from huggingface_hub import snapshot_download
 
-    try:
-        return Path(snapshot_download(repo_id, local_files_only=True))
-    except Exception as exc:
-        if _hf_offline():
-            raise _not_found(model_id, "Hugging Face cache (HF_HOME / HF_HUB_CACHE)") from exc
     try:
         return Path(snapshot_download(repo_id))
     except Exception as exc:
