@@ -11,8 +11,9 @@ from live import free_port
 
 pytestmark = pytest.mark.integration
 
-MODEL = "/api/v1/model/tiny/qwen3"
-SAMPLER = "/api/v1/sampler/tiny/qwen3"
+# Free prefixes, as in the seed's Node-Rank YAML: clients learn them from GET /api/v1/routes.
+MODEL = "/models/tiny/qwen3"
+SAMPLER = "/sampler/tiny/qwen3"
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +25,8 @@ def serve_url(tmp_path_factory):
     from twinkle.server.launch import LOCAL_RAY_ENV, deploy
 
     data = config_dict(sampler=True)
+    for app, prefix in zip(data["applications"][1:], (MODEL, SAMPLER), strict=True):
+        app["route_prefix"] = prefix
     data["http_options"] = {"host": "127.0.0.1", "port": free_port()}
     data["storage"] = {"root": str(tmp_path_factory.mktemp("serve-storage"))}
     config = parse_config(data)
@@ -91,6 +94,9 @@ def test_two_tenants_train_concurrently_and_sample_with_their_adapters(serve_url
     ) as http:
         status = http.get(f"{MODEL}/status").json()
         assert status["adapters"] == 2
+        routes = http.get("/api/v1/routes").json()
+        assert routes["models"] == {"tiny/qwen3": MODEL}
+        assert routes["samplers"] == {"tiny/qwen3": SAMPLER}
         runs = http.get("/api/v1/training_runs").json()["training_runs"]
         assert len(runs) == 1  # only Alice's own run
         body = {
