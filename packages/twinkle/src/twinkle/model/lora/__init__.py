@@ -1,6 +1,7 @@
 """Multi-LoRA: many tenants' adapters on one frozen base model, routed per row segment."""
 
 from twinkle.model.lora.inject import (
+    adapter_module_names,
     adapter_parameters,
     adapter_state_dict,
     inject_adapter,
@@ -19,6 +20,7 @@ __all__ = [
     "LoraSegment",
     "MultiLoraLinear",
     "RowRoute",
+    "adapter_module_names",
     "adapter_parameters",
     "adapter_spec_from_config",
     "adapter_state_dict",

@@ -20,34 +20,77 @@ def _output_layer_names(model: nn.Module) -> set[str]:
     return {name for name, module in model.named_modules() if out is not None and module is out}
 
 
-def resolve_target_modules(model: nn.Module, target_modules) -> list[str]:
-    """Full module names a PEFT ``target_modules`` selector picks, among the model's linears.
+def resolve_target_modules(
+    model: nn.Module,
+    target_modules,
+    exclude_modules=None,
+    layers_to_transform=None,
+    layers_pattern=None,
+) -> list[str]:
+    """Full module names a PEFT selector picks among the model's linears, as peft picks them.
 
-    ``'all-linear'`` takes every linear layer but the output (LM head) layer; a string is a regex
-    matched against the full name; a list matches names or name suffixes, as PEFT does.
+    ``'all-linear'`` takes every linear layer but the output (LM head) layer; another string is a
+    regex matched against the full name; a list matches names or name suffixes (the LM head too,
+    when named). ``exclude_modules`` (regex or list, the same way) drops names;
+    ``layers_to_transform`` keeps, for a list selector, the layers with those indices (the
+    number after ``layers_pattern``, or after the first ``<name>.`` with none).
 
     Raises:
         ValueError: When the selector matches no linear layer.
     """
-    excluded = _output_layer_names(model)
+    excluded = _output_layer_names(model) if target_modules == "all-linear" else set()
     linears = [
         name
         for name, module in model.named_modules()
         if isinstance(module, (nn.Linear, MultiLoraLinear))
         and not _inside_lora(name)
         and name not in excluded
+        and not (exclude_modules and _selects(exclude_modules, name))
     ]
     if target_modules == "all-linear":
         chosen = linears
-    elif isinstance(target_modules, str):
-        pattern = re.compile(target_modules)
-        chosen = [n for n in linears if pattern.fullmatch(n)]
     else:
-        targets = list(target_modules)
-        chosen = [n for n in linears if any(n == t or n.endswith("." + t) for t in targets)]
+        chosen = [n for n in linears if _selects(target_modules, n)]
+        if layers_to_transform is not None and not isinstance(target_modules, str):
+            chosen = [
+                n for n in chosen if _layer_index(n, layers_pattern) in set(layers_to_transform)
+            ]
     if not chosen:
-        raise ValueError(f"target_modules={target_modules!r} matches no linear layer of the model")
+        raise ValueError(
+            f"target_modules={target_modules!r} (exclude_modules={exclude_modules!r}, "
+            f"layers_to_transform={layers_to_transform!r}) matches no linear layer of the model"
+        )
     return chosen
+
+
+def adapter_module_names(model: nn.Module, spec: AdapterSpec) -> list[str]:
+    """The full names of the modules ``spec``'s adapter attaches to."""
+    return resolve_target_modules(
+        model,
+        spec.target_modules,
+        spec.exclude_modules,
+        spec.layers_to_transform,
+        spec.layers_pattern,
+    )
+
+
+def _selects(selector, name: str) -> bool:
+    if isinstance(selector, str):
+        return re.fullmatch(selector, name) is not None
+    return any(name == t or name.endswith("." + t) for t in selector)
+
+
+def _layer_index(name: str, layers_pattern) -> int | None:
+    # peft's rule: the first numbered segment (not a nested one such as an MoE expert index).
+    if not layers_pattern:
+        match = re.match(r".*?\.[^.]*\.(?P<idx>\d+)\.", name)
+    else:
+        match = None
+        for pattern in layers_pattern:
+            match = re.match(rf"(?:^|.*?\.){pattern}\.(?P<idx>\d+)\.", name)
+            if match is not None:
+                break
+    return int(match["idx"]) if match else None
 
 
 def _inside_lora(name: str) -> bool:
@@ -65,7 +108,7 @@ def inject_adapter(model: nn.Module, router: LoraRouter, spec: AdapterSpec) -> l
     Returns:
         The full names of the modules that carry the adapter.
     """
-    names = resolve_target_modules(model, spec.target_modules)
+    names = adapter_module_names(model, spec)
     for name in names:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
@@ -77,7 +120,7 @@ def inject_adapter(model: nn.Module, router: LoraRouter, spec: AdapterSpec) -> l
             module = MultiLoraLinear(module, router)
             setattr(parent, child, module)
         generator = torch.Generator().manual_seed(_adapter_seed(spec, name))
-        module.add_adapter(spec, generator)
+        module.add_adapter(spec.for_module(name), generator)
     return names
 
 

@@ -100,6 +100,11 @@ class LoraRouter:
         return anchor
 
 
+def _uniform(shape: torch.Size, fan_in: int, generator: torch.Generator) -> torch.Tensor:
+    bound = 1.0 / math.sqrt(fan_in)
+    return torch.rand(shape, generator=generator) * 2 * bound - bound
+
+
 class MultiLoraLinear(nn.Module):
     """``base_layer(x)`` plus, for each routed row segment, that segment's adapter delta.
 
@@ -130,7 +135,8 @@ class MultiLoraLinear(nn.Module):
         return self.base_layer.out_features
 
     def add_adapter(self, spec: AdapterSpec, generator: torch.Generator) -> None:
-        """Create ``spec.name``'s A and B; B starts at zero so the adapter starts as a no-op."""
+        """Create ``spec.name``'s A and B (``spec`` as :meth:`AdapterSpec.for_module` gives it for
+        this layer), initialised as peft's ``init_lora_weights`` does, from ``generator``."""
         weight = self.base_layer.weight
         lora_a = nn.Linear(
             self.in_features, spec.r, bias=False, device=weight.device, dtype=weight.dtype
@@ -139,18 +145,15 @@ class MultiLoraLinear(nn.Module):
             spec.r, self.out_features, bias=False, device=weight.device, dtype=weight.dtype
         )
         with torch.no_grad():
-            # Kaiming-uniform with a=sqrt(5), as nn.Linear and PEFT do, but from our own generator.
-            bound = 1.0 / math.sqrt(self.in_features)
-            lora_a.weight.copy_(
-                torch.rand(lora_a.weight.shape, generator=generator) * 2 * bound - bound
-            )
-            if spec.init_lora_weights:
-                lora_b.weight.zero_()
+            if spec.init_lora_weights == "gaussian":
+                lora_a.weight.copy_(torch.randn(lora_a.weight.shape, generator=generator) / spec.r)
             else:
-                b_bound = 1.0 / math.sqrt(spec.r)
-                lora_b.weight.copy_(
-                    torch.rand(lora_b.weight.shape, generator=generator) * 2 * b_bound - b_bound
-                )
+                # Kaiming-uniform with a=sqrt(5) (bound 1/sqrt(fan_in)), as nn.Linear and peft do.
+                lora_a.weight.copy_(_uniform(lora_a.weight.shape, self.in_features, generator))
+            if spec.init_lora_weights is False:
+                lora_b.weight.copy_(_uniform(lora_b.weight.shape, spec.r, generator))
+            else:
+                lora_b.weight.zero_()
         self.lora_A[spec.name] = lora_a
         self.lora_B[spec.name] = lora_b
         self.lora_dropout[spec.name] = (
@@ -167,12 +170,17 @@ class MultiLoraLinear(nn.Module):
         self._plans.clear()
 
     def segments(self, rows: int) -> list[LoraSegment]:
-        """The current routes that have an adapter in this layer, as op segments."""
+        """The current routes that have an adapter in this layer, as op segments.
+
+        Dropout applies in passes that build a graph (autograd on), as peft applies it in
+        training mode only: ``forward_only`` and sampling run without it.
+        """
         segments = []
+        training = torch.is_grad_enabled()
         for route in self._router.routes:
             if route.adapter not in self.lora_A or route.start >= rows:
                 continue
-            dropout = self.lora_dropout[route.adapter]
+            dropout = self.lora_dropout[route.adapter] if training else None
             segments.append(
                 LoraSegment(
                     start=route.start,
@@ -180,7 +188,7 @@ class MultiLoraLinear(nn.Module):
                     lora_A=self.lora_A[route.adapter].weight,
                     lora_B=self.lora_B[route.adapter].weight,
                     scaling=self.scaling[route.adapter],
-                    dropout=None if isinstance(dropout, nn.Identity) else dropout,
+                    dropout=None if isinstance(dropout, (nn.Identity, type(None))) else dropout,
                 )
             )
         return segments
@@ -190,7 +198,7 @@ class MultiLoraLinear(nn.Module):
         routes = self._router.routes
         if not routes:
             return out
-        key = (self._router.layout_id, x.shape[:-1], x.dtype, x.device)
+        key = (self._router.layout_id, x.shape[:-1], x.dtype, x.device, torch.is_grad_enabled())
         cached = self._plans.get(key)
         if cached is None:
             if len(self._plans) >= LoraRouter.MAX_LAYOUTS:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
 
 from twinkle.errors import InvalidArgumentError
 from twinkle.hub import load_config, resolve_model_dir
-from twinkle.model.lora import LoraRouter
+from twinkle.model.lora import LoraRouter, adapter_spec_from_config
 from twinkle.model.megatron import _build
 from twinkle.model.megatron._model import MegatronCausalLM
 from twinkle.model.options import ExecutionOptions, resolve_options
@@ -17,6 +18,14 @@ from twinkle.model.transformers.multi_lora import MultiLoraTransformersModel
 #: The optimizers this backend accepts (the seed: "Megatron backend: Adam only").
 #: ``'default'`` is Megatron's default optimizer, Adam.
 ADAM_FAMILY = {"default": "Adam", "Adam": "Adam", "AdamW": "AdamW"}
+#: The HF name of the output layer, which peft would adapt when a selector names it.
+OUTPUT_LAYER = "lm_head"
+
+
+def _selects_output_layer(selector: Any) -> bool:
+    if isinstance(selector, str):
+        return re.fullmatch(selector, OUTPUT_LAYER) is not None
+    return OUTPUT_LAYER in selector
 
 
 class MultiLoraMegatronModel(MultiLoraTransformersModel):
@@ -75,6 +84,30 @@ class MultiLoraMegatronModel(MultiLoraTransformersModel):
         self.model.eval()
         self.seed = seed
         self.tenants = {}
+
+    def add_adapter_to_model(
+        self,
+        adapter_name: str,
+        config: Any = None,
+        gradient_accumulation_steps: int = 1,
+        **kwargs: Any,
+    ) -> None:
+        """As the transformers backend, but the LM head (megatron's ``output_layer``) carries no
+        adapter here.
+
+        Raises:
+            InvalidArgumentError: ``target_modules`` selects ``lm_head``, or any LoraConfig field
+                the transformers backend refuses.
+        """
+        spec = adapter_spec_from_config(adapter_name, config)
+        selector = spec.target_modules
+        if selector != "all-linear" and _selects_output_layer(selector):
+            raise InvalidArgumentError(
+                f"adapter {adapter_name!r}: LoraConfig field target_modules={selector!r} is "
+                f"refused: it selects {OUTPUT_LAYER!r}, and backend 'megatron' adapts only the "
+                "attention and MLP projections (drop it, e.g. Tinker's train_unembed=False)"
+            )
+        super().add_adapter_to_model(adapter_name, config, gradient_accumulation_steps, **kwargs)
 
     def set_optimizer(self, optimizer: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
         """Set the tenant's optimizer: ``'default'`` (Adam), ``'Adam'`` or ``'AdamW'``.

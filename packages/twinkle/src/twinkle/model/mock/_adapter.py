@@ -9,22 +9,34 @@ from typing import Any
 import numpy as np
 
 from twinkle.errors import InvalidArgumentError
+from twinkle.model.lora_fields import check_init, check_lora_fields
 from twinkle.model.mock._optim import LRSchedule, NumpyOptimizer
 
 SUPPORTED_LOSSES = ("CrossEntropyLoss", "cross_entropy", "importance_sampling")
 
 
-def read_lora_config(config: Any) -> tuple[int, float]:
-    """Read ``(r, lora_alpha)`` from a peft LoraConfig, any object with those attributes, or a
-    dict; peft's defaults (r=8, lora_alpha=8) fill what is missing.
+def read_lora_config(config: Any, name: str = "adapter") -> tuple[int, float, bool]:
+    """Read ``(r, lora_alpha, use_rslora)`` from a peft LoraConfig, a dict or any object with
+    those attributes; peft's defaults (r=8, lora_alpha=8) fill what is missing.
+
+    The mock refuses the LoraConfig fields every backend refuses
+    (:func:`twinkle.model.lora_fields.check_lora_fields`); of the honoured ones it models rank,
+    alpha and rsLoRA scaling (its one adapted layer has no names to select or pattern-match).
     """
-    if isinstance(config, dict):
-        rank, alpha = config.get("r", 8), config.get("lora_alpha", 8)
+    if config is None:
+        values: dict[str, Any] = {}
+    elif isinstance(config, dict):
+        values = dict(config)
+    elif hasattr(config, "to_dict"):
+        values = config.to_dict()
     else:
-        rank, alpha = getattr(config, "r", 8), getattr(config, "lora_alpha", 8)
+        values = dict(vars(config))
+    check_lora_fields(values, name)
+    check_init(values.get("init_lora_weights", True), name)
+    rank, alpha = values.get("r", 8), values.get("lora_alpha", 8)
     if int(rank) <= 0:
         raise InvalidArgumentError(f"LoRA rank must be positive, got {rank!r}")
-    return int(rank), float(alpha)
+    return int(rank), float(alpha), bool(values.get("use_rslora", False))
 
 
 @dataclass
@@ -87,6 +99,7 @@ class AdapterState:
     alpha: float
     params: dict[str, np.ndarray]
     gradient_accumulation_steps: int = 1
+    use_rslora: bool = False
     grads: dict[str, np.ndarray] = field(default_factory=dict)
     micro_steps: int = 0
     cur_step: int = 0
@@ -110,20 +123,22 @@ class AdapterState:
         """
         if accum < 1:
             raise InvalidArgumentError(f"gradient_accumulation_steps must be >= 1, got {accum}")
-        rank, alpha = read_lora_config(config)
+        rank, alpha, use_rslora = read_lora_config(config, name)
         rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
         params = {
             "A": rng.standard_normal((hidden_size, rank)) / np.sqrt(hidden_size),
             "B": np.zeros((rank, hidden_size)),
         }
-        state = cls(name, rank, alpha, params, gradient_accumulation_steps=accum)
+        state = cls(
+            name, rank, alpha, params, gradient_accumulation_steps=accum, use_rslora=use_rslora
+        )
         state.zero_grad()
         return state
 
     @property
     def scale(self) -> float:
-        """LoRA scaling ``alpha / r``."""
-        return self.alpha / self.rank
+        """LoRA scaling ``alpha / r`` (``alpha / sqrt(r)`` with rsLoRA)."""
+        return self.alpha / (np.sqrt(self.rank) if self.use_rslora else self.rank)
 
     def zero_grad(self) -> None:
         """Reset the accumulated gradients."""
