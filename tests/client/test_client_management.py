@@ -10,7 +10,7 @@ from serving import KEYS, MODEL_ID
 
 from twinkle_client import TwinkleClient, init_twinkle_client
 from twinkle_client.client import get_default_client, served_model_name
-from twinkle_client.errors import AuthenticationError, NotFoundError, TwinkleServerError
+from twinkle_client.errors import AuthenticationError, NotFoundError
 from twinkle_client.model import MultiLoraTransformersModel, TransformersModel
 from twinkle_client.model.multi_lora import lora_config_dict
 
@@ -109,7 +109,7 @@ def test_server_errors_reach_the_user(alice, live):
         TwinkleClient(base_url=live[0], api_key="not-a-key")
     model.add_adapter_to_model("hub", {"r": 4})
     try:
-        with pytest.raises(TwinkleServerError, match="upload_to_hub"):
+        with pytest.raises(NotFoundError, match="checkpoint twinkle://x/weights/y not found"):
             model.upload_to_hub(checkpoint_dir="twinkle://x/weights/y", hub_model_id="me/model")
         with pytest.raises(TypeError, match="by name"):
             model.set_loss(object())

@@ -293,10 +293,26 @@ class MultiLoraTransformersModel:
         adapter_name: str | None = None,
         **kwargs: Any,
     ) -> Any:
-        """Ask the server to upload a checkpoint to the ModelScope/Hugging Face hub.
+        """Ask the server to upload one of this key's checkpoints to the ModelScope hub.
+
+        Only the adapter files go (``adapter_config.json``, ``adapter_model.safetensors``, a
+        ``README.md``); optimizer state stays on the server. The token is this client's API key
+        when the hub accepts it as a ModelScope token and the server allows it, else the
+        server's own (``docs/checkpoints.md``).
+
+        Args:
+            checkpoint_dir: The ``twinkle://`` path ``save`` returned.
+            hub_model_id: The repository, ``owner/name`` (created when missing).
+            async_upload: Return once the server has started the upload.
+            **kwargs: ``private``, ``commit_message``.
+
+        Returns:
+            ``hub_model_id``, ``token`` (``caller``/``server``), ``status`` and, once uploaded,
+            ``files`` and ``url``.
 
         Raises:
-            TwinkleServerError: With the server's message when it does not offer uploads.
+            NotFoundError: Not a checkpoint of this key.
+            TwinkleServerError: No usable token, or the hub refused it.
         """
         return self._call(
             "upload_to_hub",

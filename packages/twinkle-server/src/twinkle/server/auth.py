@@ -156,6 +156,15 @@ class ApiKeyAuth:
         return Principal(tenant_id=identity[0], key_hint=identity[1])
 
 
+def presented_key(headers: Mapping[str, str]) -> str | None:
+    """The key a request presents (``X-API-Key``, else ``Authorization: Bearer``), as sent.
+
+    Only for the caller's own use within the request (the hub token rule of
+    :mod:`twinkle.server.hub`); never store or log it.
+    """
+    return _presented_key(headers)
+
+
 def _presented_key(headers: Mapping[str, str]) -> str | None:
     lowered = {str(k).lower(): str(v) for k, v in headers.items()}
     api_key = lowered.get("x-api-key", "").strip()

@@ -91,6 +91,34 @@ class AuthConfig(StrictModel):
         return list(dict.fromkeys(keys))
 
 
+class HubConfig(StrictModel):
+    """Publishing checkpoints to the ModelScope hub (``upload_to_hub``, Tinker ``publish``).
+
+    The token of a publish is the caller's API key when the hub accepts it as a ModelScope token
+    and ``caller_key`` allows it, else the server's own token (``$<token_env>``); see
+    ``docs/checkpoints.md``.
+    """
+
+    endpoint: str | None = Field(
+        default=None, description="the hub's address (default: modelscope's, $MODELSCOPE_ENDPOINT)"
+    )
+    token_env: str = Field(
+        default="MODELSCOPE_API_TOKEN",
+        description="environment variable holding the server's own ModelScope token",
+    )
+    namespace: str | None = Field(
+        default=None,
+        description="where Tinker publishes with the server's token (default "
+        "$TWINKLE_HUB_NAMESPACE, else the token's user)",
+    )
+    caller_key: Literal["if_no_server_token", "first", "never"] = Field(
+        default="if_no_server_token",
+        description="when the caller's API key is offered to the hub as its ModelScope token: "
+        "only when the server has no token, first (server's token as fallback), or never",
+    )
+    private: bool = Field(default=True, description="create new hub repositories private")
+
+
 class StorageConfig(StrictModel):
     """Where checkpoints live: ``<root>/<tenant>/...``."""
 
@@ -167,6 +195,7 @@ class ServerConfig(StrictModel):
     persistence: PersistenceConfig = Field(default_factory=PersistenceConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
+    hub: HubConfig = Field(default_factory=HubConfig)
     applications: list[ApplicationConfig] = Field(min_length=1)
 
     @model_validator(mode="after")

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from twinkle.server.auth import presented_key
 from twinkle.server.model.service import ModelService
 from twinkle.server.web import (
     DEFAULT_MAX_REQUEST_BYTES,
@@ -50,6 +51,7 @@ def create_model_app(
         owner = authenticate(request.headers)
         payload = await read_json(request, max_request_bytes)
         # Results are plain JSON values already (``ops.jsonable``): no re-encoding pass.
-        return JSONResponse({"result": await service.call(owner, op, payload)})
+        key = presented_key(request.headers)
+        return JSONResponse({"result": await service.call(owner, op, payload, key)})
 
     return app

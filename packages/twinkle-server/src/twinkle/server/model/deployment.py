@@ -9,6 +9,7 @@ from ray import serve
 
 from twinkle.server.config import ApplicationConfig, ServerConfig, base_model_name
 from twinkle.server.context import build_context
+from twinkle.server.hub import HubPublisher
 from twinkle.server.model.app import create_model_app
 from twinkle.server.model.backend import create_backend
 from twinkle.server.model.operations import native_operations
@@ -72,6 +73,7 @@ def build_service(app_config: ApplicationConfig, context) -> ModelService:
         on_task_done=metrics.on_task_done,
         executor=executor,
         operations=native_operations() + tinker_operations(),
+        hub=HubPublisher.from_config(context.config.hub),
     )
     metrics.watch(service)
     return service

@@ -195,6 +195,23 @@ def _from_checkpoint(method: str) -> Callable:
     return handler
 
 
+def upload_to_hub(service: ModelService, call: Call, request: p.UploadToHub):
+    """One of the caller's own checkpoints (never a published one of another tenant) to the hub,
+    with the token :meth:`~twinkle.server.hub.HubPublisher.token_for` picks."""
+    directory = service.registry.resolve_checkpoint(
+        call.owner, request.checkpoint_dir, allow_public=False
+    )
+    token = service.hub.token_for(call.presented_key)
+    return service.hub.upload(
+        directory,
+        request.hub_model_id,
+        token,
+        async_upload=request.async_upload,
+        private=request.private,
+        commit_message=request.commit_message,
+    )
+
+
 def optim_step(service: ModelService, call: Call, request: p.OptimStep):
     """The backend's Tinker-style ``optim_step`` with this call's Adam parameters."""
     try:
@@ -243,6 +260,13 @@ def native_operations() -> OperationTable:
                 "resume_from_checkpoint",
                 p.FromCheckpoint,
                 _from_checkpoint("resume_from_checkpoint"),
+            ),
+            op(
+                "upload_to_hub",
+                p.UploadToHub,
+                upload_to_hub,
+                off_queue=True,
+                uses_caller_key=True,
             ),
         ]
     )

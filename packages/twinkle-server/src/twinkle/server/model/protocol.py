@@ -15,7 +15,7 @@ as ``advantages``, a loss's own options), checked by the backend itself.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -32,12 +32,15 @@ class Call:
         name: The adapter's name as the tenant knows it (names are per tenant).
         internal: The adapter's name on the shared model (unique across tenants).
         reason: Why the server itself unloads an adapter (``None`` for a tenant's own calls).
+        presented_key: The API key the request presented, for operations that declare
+            ``uses_caller_key`` only (else ``None``); never shown in a repr.
     """
 
     owner: str
     name: str
     internal: str
     reason: str | None = None
+    presented_key: str | None = field(default=None, repr=False, compare=False)
 
 
 class Request(BaseModel):
@@ -148,6 +151,16 @@ class FromCheckpoint(Request):
         return self.path or self.checkpoint_dir
 
 
+class UploadToHub(Request):
+    """Upload one of the caller's own ``twinkle://`` checkpoints to the ModelScope hub."""
+
+    checkpoint_dir: str = Field(min_length=1)
+    hub_model_id: str = Field(min_length=3)
+    async_upload: bool = False
+    private: bool | None = None
+    commit_message: str | None = None
+
+
 class OptimStep(Request):
     """A Tinker-style step: ``adam_params`` as ``twinkle.model.protocol.AdamParams`` fields."""
 
@@ -170,6 +183,9 @@ class Operation:
             an existing adapter).
         trains: Its input tokens count as trained tokens and its ``loss`` as the tenant's last.
         steps: It is an optimizer step (counted in the tenant's progress).
+        off_queue: It does not touch the model: it runs on a thread of its own, not in the
+            model's queue, and needs no adapter (``upload_to_hub``).
+        uses_caller_key: Its handler gets the request's API key (``Call.presented_key``).
     """
 
     name: str
@@ -178,6 +194,8 @@ class Operation:
     creates_adapter: bool = False
     trains: bool = False
     steps: bool = False
+    off_queue: bool = False
+    uses_caller_key: bool = False
 
 
 class OperationTable:
@@ -253,4 +271,5 @@ __all__ = [
     "SetProcessor",
     "SetTemplate",
     "Training",
+    "UploadToHub",
 ]

@@ -32,7 +32,7 @@ class RunRegistry(Protocol):
     def set_run_status(self, owner: str, run_id: str, status: str) -> None: ...
     def checkpoint_dir(self, owner: str, run_id: str, kind: str, name: str) -> Path: ...
     def add_checkpoint(self, owner: str, run_id: str, kind: str, name: str) -> str: ...
-    def resolve_checkpoint(self, owner: str, path: str) -> Path: ...
+    def resolve_checkpoint(self, owner: str, path: str, allow_public: bool = True) -> Path: ...
 
 
 class StateRunRegistry:
@@ -115,6 +115,8 @@ class StateRunRegistry:
             shutil.rmtree(old.local_dir, ignore_errors=True)
         return record.path
 
-    def resolve_checkpoint(self, owner, path):
-        record = self.state.resolve_checkpoint_path(owner, path, allow_public=True)
+    def resolve_checkpoint(self, owner, path, allow_public=True):
+        """The directory of ``owner``'s checkpoint at ``path`` (or, with ``allow_public``, of
+        another tenant's published one); ``NotFound`` otherwise."""
+        record = self.state.resolve_checkpoint_path(owner, path, allow_public=allow_public)
         return Path(record.local_dir)

@@ -3,6 +3,7 @@ fair queues with fused ``forward_backward``, rate limits and the adapter lifecyc
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from typing import Any
 from twinkle.model.protocol import capabilities_of
 from twinkle.server.encoding import jsonable
 from twinkle.server.errors import AtCapacity, BadRequest, NotFound, from_exception
+from twinkle.server.hub import HubPublisher
 from twinkle.server.model.operations import (
     check_lengths,
     clip_grad_and_step_many,
@@ -76,6 +78,7 @@ class ModelService:
             :func:`~twinkle.server.threads.model_thread`); every call runs on it.
         operations: The operations served (default: the Twinkle-native ones; the deployment
             adds the Tinker ones, see :func:`twinkle.server.tinker.model_ops.tinker_operations`).
+        hub: Hub settings and token rule of ``upload_to_hub`` (default: environment only).
     """
 
     def __init__(
@@ -97,8 +100,10 @@ class ModelService:
         executor: ThreadPoolExecutor | None = None,
         fuse_wait_s: float = 0.02,
         operations: OperationTable | None = None,
+        hub: HubPublisher | None = None,
     ) -> None:
         self.model = model
+        self.hub = hub or HubPublisher()
         self.operations = operations or native_operations()
         self.capabilities = capabilities_of(model)
         self.base_model = base_model
@@ -130,19 +135,32 @@ class ModelService:
         return tuple(kind for kind in FUSABLE if can[kind])
 
     # ------------------------------------------------------------------ entry point
-    async def call(self, owner: str, op: str, payload: dict[str, Any] | None = None) -> Any:
+    async def call(
+        self,
+        owner: str,
+        op: str,
+        payload: dict[str, Any] | None = None,
+        presented_key: str | None = None,
+    ) -> Any:
         """Run ``op`` for tenant ``owner``; raises :class:`~twinkle.server.errors.ServiceError`.
 
         The body is validated against the operation's request model and admitted (adapter
         exists or may be created, rate limits, lengths) before it is queued: a refused call
-        changes nothing.
+        changes nothing. ``presented_key`` (the request's API key) reaches only operations that
+        declare ``uses_caller_key``; ``off_queue`` operations run on a thread of their own.
         """
         body = dict(payload or {})
         name = body.pop("adapter_name", None) or "default"
         if not isinstance(name, str):
             raise BadRequest(f"adapter_name must be a string, got {type(name).__name__}")
         operation, request = self.operations.parse(op, body)
-        call = Call(owner, name, self._internal(owner, name))
+        key = presented_key if operation.uses_caller_key else None
+        call = Call(owner, name, self._internal(owner, name), presented_key=key)
+        if operation.off_queue:
+            try:
+                return await asyncio.to_thread(operation.handler, self, call, request)
+            except Exception as exc:
+                raise from_exception(exc) from exc
         self.admit(operation, call, request, queued=True)
         tokens = count_tokens(request)
         if tokens:

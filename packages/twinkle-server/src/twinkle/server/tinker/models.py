@@ -10,7 +10,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from twinkle.server.errors import BadRequest
 from twinkle.server.tinker.convert import to_twinkle_path
 
 logger = logging.getLogger("twinkle.server.gateway.tinker")
@@ -85,27 +84,3 @@ def checkpoint_facts(state: Any, owner: str, path: str) -> CheckpointFacts:
         run.base_model,
         lora,
     )
-
-
-def publish_to_hub(local_dir: str, repo_name: str, token: str, namespace: str | None) -> str:
-    """Upload a checkpoint directory to the ModelScope hub; returns the repo id."""
-    try:
-        from modelscope.hub.api import HubApi
-    except ImportError as exc:
-        raise BadRequest(
-            "publishing needs the modelscope package on the server (pip install modelscope)"
-        ) from exc
-    api = HubApi()
-    api.login(token)
-    if namespace is None:
-        info = api.get_user_info() if hasattr(api, "get_user_info") else {}
-        namespace = (info or {}).get("Username") or (info or {}).get("username")
-    if not namespace:
-        raise BadRequest(
-            "cannot tell the hub namespace to publish to: set TWINKLE_HUB_NAMESPACE on the server"
-        )
-    repo_id = f"{namespace}/{repo_name}"
-    api.upload_folder(
-        repo_id=repo_id, folder_path=local_dir, commit_message="Published from Twinkle"
-    )
-    return repo_id

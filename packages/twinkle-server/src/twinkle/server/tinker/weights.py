@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import uuid
 
 from fastapi import APIRouter, Request
 
+from twinkle.server.auth import presented_key
 from twinkle.server.errors import BadRequest
+from twinkle.server.hub import HubPublisher
 from twinkle.server.state.paths import validate_checkpoint_name
 from twinkle.server.tinker import convert
 from twinkle.server.tinker.api import (
     EPHEMERAL_TTL_S,
     TinkerApi,
 )
-from twinkle.server.tinker.models import checkpoint_facts, publish_to_hub
+from twinkle.server.tinker.models import checkpoint_facts
 from twinkle.server.web import read_json
 
 
@@ -95,24 +96,24 @@ def weights_routes(router: APIRouter, api: TinkerApi) -> None:
 
     @router.post("/training_runs/{run_id}/checkpoints/{kind}/{name}/publish")
     async def publish(run_id: str, kind: str, name: str, request: Request) -> dict:
+        """Upload the caller's own checkpoint to the ModelScope hub as
+        ``<namespace>/<run>-<name>`` (token rule: :mod:`twinkle.server.hub`) and mark it public."""
         owner = api.ctx.authenticate(request.headers)
         record = api.state.get_checkpoint(owner, run_id, f"{kind}/{name}")
-        token = os.environ.get("MODELSCOPE_API_TOKEN") or os.environ.get("TWINKLE_HUB_TOKEN")
-        if not token:
-            raise BadRequest(
-                "cannot publish: no hub token is configured on this server "
-                "(set MODELSCOPE_API_TOKEN for the server process)"
-            )
+        hub = HubPublisher.from_config(api.ctx.config.hub)
+        key = presented_key(request.headers)
         repo_name = re.sub(r"[^A-Za-z0-9_.\-]", "-", f"{run_id}-{name}")[:96]
-        repo_id = await asyncio.to_thread(
-            publish_to_hub,
-            record.local_dir,
-            repo_name,
-            token,
-            os.environ.get("TWINKLE_HUB_NAMESPACE"),
-        )
+
+        def upload() -> dict:
+            token = hub.token_for(key)
+            return hub.upload(record.local_dir, hub.repo_id(token, repo_name), token)
+
+        uploaded = await asyncio.to_thread(upload)
         api.state.set_checkpoint_public(owner, run_id, f"{kind}/{name}", True)
-        return {"published": convert.to_tinker_path(record.path), "repo_id": repo_id}
+        return {
+            "published": convert.to_tinker_path(record.path),
+            "repo_id": uploaded["hub_model_id"],
+        }
 
     @router.delete("/training_runs/{run_id}/checkpoints/{kind}/{name}/publish")
     async def unpublish(run_id: str, kind: str, name: str, request: Request) -> dict:

@@ -1,0 +1,159 @@
+"""Publishing a tenant's checkpoint to the ModelScope hub: which token, which repository.
+
+Both the Twinkle-native ``upload_to_hub`` operation and Tinker's ``publish`` route come here; the
+upload itself is :func:`twinkle.hub.upload.upload_to_hub`.
+
+The token rule (``hub.caller_key`` in the server config):
+
+- ``if_no_server_token`` (default): the server's own token (``$MODELSCOPE_API_TOKEN``, or the
+  variable ``hub.token_env`` names); only a server without one offers the caller's API key.
+- ``first``: the caller's API key first; the server's token when the hub does not accept it.
+- ``never``: the server's token only.
+
+"The caller's API key" is the key of the request itself (``X-API-Key`` or ``Authorization:
+Bearer``, without the ``tml-`` prefix the Tinker SDK adds). It is offered to the hub only by
+asking who owns it (``whoami``); it is used for that caller's own publish only, passed to
+``HubApi`` for that one call, and never stored or logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from twinkle.server.errors import BadRequest
+
+logger = logging.getLogger("twinkle.server.hub")
+
+TINKER_KEY_PREFIX = "tml-"
+NAMESPACE_ENV = "TWINKLE_HUB_NAMESPACE"
+
+
+@dataclass(frozen=True)
+class HubToken:
+    """The token of one publish and whose it is (``source``: ``caller`` or ``server``)."""
+
+    token: str
+    source: str
+    username: str | None = None
+
+    def __repr__(self) -> str:  # never show the token
+        return f"HubToken(source={self.source!r}, username={self.username!r})"
+
+
+@dataclass(frozen=True)
+class HubPublisher:
+    """The server's hub settings and the token rule (see the module docstring).
+
+    Attributes:
+        endpoint: The hub's address (``None``: modelscope's default).
+        token_env: The environment variable of the server's own token.
+        namespace: Where Tinker publishes with the server's token (``None``:
+            ``$TWINKLE_HUB_NAMESPACE``, else the token's user).
+        caller_key: ``if_no_server_token``, ``first`` or ``never``.
+        private: New repositories are private.
+    """
+
+    endpoint: str | None = None
+    token_env: str = "MODELSCOPE_API_TOKEN"
+    namespace: str | None = None
+    caller_key: str = "if_no_server_token"
+    private: bool = True
+
+    @classmethod
+    def from_config(cls, config: Any) -> HubPublisher:
+        """From the server config's ``hub`` section (``HubConfig``)."""
+        return cls(
+            config.endpoint, config.token_env, config.namespace, config.caller_key, config.private
+        )
+
+    def token_for(self, presented_key: str | None) -> HubToken:
+        """The token a caller presenting ``presented_key`` publishes with.
+
+        Raises:
+            BadRequest: No token can be used (the message says what to configure).
+        """
+        server = (os.environ.get(self.token_env) or "").strip()
+        caller = _hub_key(presented_key) if self.caller_key != "never" else None
+        if caller and (self.caller_key == "first" or not server):
+            from twinkle.hub.upload import hub_username
+
+            username = hub_username(caller, self.endpoint)
+            if username:
+                return HubToken(caller, "caller", username)
+        if server:
+            return HubToken(server, "server")
+        rejected = (
+            " the hub did not accept your API key as a ModelScope token, and" if caller else ""
+        )
+        raise BadRequest(
+            f"cannot publish:{rejected} this server has no hub token of its own (the operator "
+            f"sets ${self.token_env}; or connect with your ModelScope token as the API key)"
+        )
+
+    def repo_id(self, token: HubToken, repo_name: str) -> str:
+        """``<namespace>/<repo_name>``: the caller's user for the caller's token, else the
+        configured namespace or the server token's user."""
+        namespace = token.username if token.source == "caller" else None
+        namespace = namespace or self.namespace or os.environ.get(NAMESPACE_ENV)
+        if not namespace:
+            from twinkle.hub.upload import hub_username
+
+            namespace = hub_username(token.token, self.endpoint)
+        if not namespace:
+            raise BadRequest(
+                f"cannot tell the hub namespace to publish to: set hub.namespace or ${NAMESPACE_ENV}"
+            )
+        return f"{namespace}/{repo_name}"
+
+    def upload(
+        self,
+        directory: str | Path,
+        hub_model_id: str,
+        token: HubToken,
+        *,
+        async_upload: bool = False,
+        private: bool | None = None,
+        commit_message: str | None = None,
+    ) -> dict[str, Any]:
+        """Upload the checkpoint in ``directory``; with ``async_upload``, start it and return.
+
+        Returns:
+            ``hub_model_id``, ``token`` (``caller``/``server``), then ``files`` and ``url`` once
+            uploaded, or ``status: "started"`` for a background upload (its failure is logged).
+        """
+        from twinkle.hub.upload import adapter_files, upload_to_hub
+
+        kwargs = {
+            "token": token.token,
+            "endpoint": self.endpoint,
+            "private": self.private if private is None else private,
+            "commit_message": commit_message,
+        }
+        reply = {"hub_model_id": hub_model_id, "token": token.source}
+        if async_upload:
+            adapter_files(directory)  # refuse a broken checkpoint now, not in the background
+            future = upload_to_hub(directory, hub_model_id, async_upload=True, **kwargs)
+            future.add_done_callback(lambda f: _log_outcome(hub_model_id, f))
+            return {**reply, "status": "started"}
+        result = upload_to_hub(directory, hub_model_id, **kwargs)
+        return {**reply, "status": "uploaded", "files": list(result.files), "url": result.url}
+
+
+def _hub_key(presented_key: str | None) -> str | None:
+    key = (presented_key or "").strip()
+    return key[len(TINKER_KEY_PREFIX) :] if key.startswith(TINKER_KEY_PREFIX) else key or None
+
+
+def _log_outcome(hub_model_id: str, future: Any) -> None:
+    error = future.exception()
+    if error is None:
+        logger.info("uploaded to the hub: %s", hub_model_id)
+    else:
+        logger.error("upload to the hub failed: %s: %s", hub_model_id, error)
+
+
+__all__ = ["HubPublisher", "HubToken"]
