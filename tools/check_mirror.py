@@ -63,7 +63,6 @@ ALLOWED: dict[str, str] = {
     "sampler.vLLMSampler.prepare_prompts": "inherited: same reason as for Sampler",
     "sampler.vLLMSampler.stop_token_ids": "inherited: same reason as for Sampler",
     "dataset.Dataset.hf_dataset": "the rows live on the server; there is no local HF dataset",
-    "dataset.Dataset.encode": "adds timeout= (seconds to wait for the server's encode, default 600)",
 }
 
 

@@ -60,3 +60,16 @@ def test_seed_imports_resolve():
     from twinkle_client import init_twinkle_client as direct
 
     assert init_twinkle_client is direct and TwinkleClient.__name__ == "TwinkleClient"
+
+
+def test_dataset_encode_takes_timeout_both_ways():
+    """The seed's ``dataset.encode(batched=True, num_proc=8, timeout=3600)`` runs with either
+    import (locally the timeout is ignored)."""
+    import inspect
+
+    from twinkle.dataset import Dataset as Local
+    from twinkle_client.dataset import Dataset as Remote
+
+    local, remote = inspect.signature(Local.encode), inspect.signature(Remote.encode)
+    assert local == remote
+    assert local.parameters["timeout"].default == 600.0

@@ -156,6 +156,7 @@ class Dataset:
         batched: bool = True,
         num_proc: int | None = None,
         load_from_cache_file: bool = True,
+        timeout: float = 600.0,
     ) -> Dataset:
         """Tokenise every trajectory with the template.
 
@@ -166,6 +167,9 @@ class Dataset:
             batched: Tokenise rows in batches of 1000 (faster) rather than one by one.
             num_proc: Worker processes (``None``: in this process).
             load_from_cache_file: Reuse a cached encoding of the same data and template.
+            timeout: The remote call's timeout (``twinkle_client.dataset.Dataset.encode``: seconds
+                to wait for the server), accepted so a script runs with either import. Ignored
+                here: a local encode runs in this process and is never cut short.
 
         Raises:
             RuntimeError: If no template is set or it has no tokenizer.
