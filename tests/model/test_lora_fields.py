@@ -95,12 +95,16 @@ def test_target_modules_list_may_name_the_lm_head(model):
 def test_exclude_modules(model):
     assert_matches_peft(
         model,
-        lora(target_modules="all-linear", exclude_modules=["model.layers.0.mlp.down_proj", "o_proj"]),
+        lora(
+            target_modules="all-linear", exclude_modules=["model.layers.0.mlp.down_proj", "o_proj"]
+        ),
     )
 
 
 def test_use_rslora(model):
-    peft_model = assert_matches_peft(model, lora(r=16, lora_alpha=8, use_rslora=True, target_modules=["q_proj"]))
+    peft_model = assert_matches_peft(
+        model, lora(r=16, lora_alpha=8, use_rslora=True, target_modules=["q_proj"])
+    )
     layer = model.model.model.layers[0].self_attn.q_proj
     theirs = peft_model.base_model.model.model.layers[0].self_attn.q_proj
     assert layer.scaling["t"] == pytest.approx(8 / math.sqrt(16)) == theirs.scaling["default"]
@@ -220,7 +224,9 @@ REFUSED = [
 ]
 
 
-@pytest.mark.parametrize("field, config", REFUSED, ids=[f"{f}={list(c.values())[-1]}" for f, c in REFUSED])
+@pytest.mark.parametrize(
+    "field, config", REFUSED, ids=[f"{f}={list(c.values())[-1]}" for f, c in REFUSED]
+)
 def test_refused_field_is_named(model, field, config):
     with pytest.raises(InvalidArgumentError, match=field):
         model.add_adapter_to_model("t", {"r": 4, **config})

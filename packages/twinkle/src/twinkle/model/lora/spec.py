@@ -73,7 +73,9 @@ class AdapterSpec:
         first ``rank_pattern`` / ``alpha_pattern`` key matching it, as peft's
         ``get_pattern_key`` picks it."""
         r = self.rank_pattern.get(_pattern_key(self.rank_pattern, module_name), self.r)
-        alpha = self.alpha_pattern.get(_pattern_key(self.alpha_pattern, module_name), self.lora_alpha)
+        alpha = self.alpha_pattern.get(
+            _pattern_key(self.alpha_pattern, module_name), self.lora_alpha
+        )
         return replace(self, r=r, lora_alpha=float(alpha), rank_pattern={}, alpha_pattern={})
 
 
