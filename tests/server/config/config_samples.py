@@ -19,6 +19,7 @@ def full_config_data() -> dict:
     data["telemetry"]["resource_attributes"] = {"env": "test"}
     data["auth"] = {"api_keys": ["secret-key"], "api_keys_file": "/tmp/keys.txt"}
     data["storage"] = {"root": "/tmp/twinkle-test-storage"}
+    data["hub"] = {"endpoint": "http://127.0.0.1:9", "namespace": "org", "caller_key": "first"}
     server = data["applications"][0]
     server["args"].update(checkpoint_ttl_s=3600, keep_last_checkpoints=2)
     deployment = server["deployments"][0]

@@ -287,7 +287,7 @@ class MultiLoraTransformersModel:
 
     def upload_to_hub(
         self,
-        checkpoint_dir: str,
+        checkpoint_dir: str | os.PathLike,
         hub_model_id: str,
         async_upload: bool = False,
         adapter_name: str | None = None,
