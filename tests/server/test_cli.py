@@ -23,6 +23,8 @@ TINY = REPO / "cookbook" / "client" / "server" / "tiny" / "server_config.yaml"
 def _no_config_env(monkeypatch):
     monkeypatch.delenv("TWINKLE_SERVER_CONFIG", raising=False)
     monkeypatch.delenv("TWINKLE_RAY_NAMESPACE", raising=False)
+    # The cookbook configs take their keys from the environment, as run.sh sets them.
+    monkeypatch.setenv("TWINKLE_SERVER_API_KEYS", "EMPTY_API_KEY")
 
 
 @pytest.fixture

@@ -130,6 +130,7 @@ def _free_port() -> int:
 def test_launch_serves_every_application_over_http(monkeypatch):
     import ray
 
+    monkeypatch.setenv("TWINKLE_SERVER_API_KEYS", "EMPTY_API_KEY")
     data = tiny_config_data()
     data["applications"] = data["applications"][:2]
     data["http_options"]["port"] = _free_port()

@@ -88,6 +88,7 @@ class ApiKeyAuth:
         allow_anonymous: With no key configured, serve everyone as tenant ``anonymous`` instead of
             refusing to start. Ignored when keys are configured.
         environ: The environment to read ``env_var`` from (default ``os.environ``).
+        digests: Hex sha256 digests of further keys (``auth.api_key_sha256``).
 
     Raises:
         AuthConfigError: No key configured and ``allow_anonymous`` is false, or the keys file
@@ -101,6 +102,7 @@ class ApiKeyAuth:
         env_var: str = DEFAULT_ENV_VAR,
         allow_anonymous: bool = False,
         environ: Mapping[str, str] | None = None,
+        digests: Iterable[str] = (),
     ) -> None:
         environ = os.environ if environ is None else environ
         collected = [k.strip() for k in keys]
@@ -111,6 +113,10 @@ class ApiKeyAuth:
         self._keys: dict[bytes, tuple[str, str]] = {
             _digest(k): (tenant_id_for_key(k), _hint(k)) for k in collected if k
         }
+        # Digests handed over by the launcher: the tenant id is the digest's first 16 hex digits,
+        # as tenant_id_for_key computes it from the raw key.
+        for hexdigest in digests:
+            self._keys.setdefault(bytes.fromhex(hexdigest), (hexdigest[:16], f"#{hexdigest[:6]}"))
         self.anonymous = not self._keys
         if self.anonymous and not allow_anonymous:
             raise AuthConfigError(

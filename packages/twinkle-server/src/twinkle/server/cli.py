@@ -59,6 +59,15 @@ def _add_config_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-c", "--config", default=None, help=f"server YAML file (default: ${CONFIG_ENV})"
     )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="override one field without editing the file, e.g. "
+        "--set applications.sampler-Qwen3.5-4B.args.sampler_type=torch (repeatable)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     from twinkle.server.config import ConfigError, load_config
 
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, overrides=args.overrides)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_INVALID
@@ -88,6 +97,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _check_config(config, args) -> int:
+    from twinkle.server.preflight import preflight_problems
+
+    problems = preflight_problems(config)
+    if problems:
+        print(f"error: the config is valid but cannot launch from here ({len(problems)} problem"
+              f"{'s' if len(problems) > 1 else ''}):", file=sys.stderr)  # fmt: skip
+        for problem in problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return EXIT_INVALID
     names = ", ".join(app.name for app in config.applications)
     print(f"OK: {len(config.applications)} applications ({names})")
     return EXIT_OK
@@ -102,7 +120,14 @@ def _print_config(config, args) -> int:
 
 def _launch(config, args) -> int:
     from twinkle.server.launch import LaunchError, launch
+    from twinkle.server.preflight import preflight_problems
 
+    problems = preflight_problems(config)
+    if problems:  # before Ray starts: seconds, not a failed deployment minutes later
+        print("error: cannot launch:", file=sys.stderr)
+        for problem in problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return EXIT_INVALID
     if args.local:
         from twinkle.server.local import serve_local
 

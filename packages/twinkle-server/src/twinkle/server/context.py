@@ -45,6 +45,7 @@ def build_context(config: ServerConfig | dict[str, Any], store: Any = None) -> S
         keys_file=config.auth.api_keys_file,
         env_var=config.auth.api_keys_env,
         allow_anonymous=config.auth.allow_anonymous,
+        digests=config.auth.api_key_sha256,
     )
     state = ServerState(store if store is not None else shared_store(config.persistence))
     return ServerContext(config, state, authenticator_from(auth), gateway_args(config))

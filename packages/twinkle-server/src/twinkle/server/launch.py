@@ -40,7 +40,8 @@ def deployment_options(app_config: ApplicationConfig, deployment_name: str) -> d
     """Keyword arguments for ``serve.deployment(...).options(**opts)`` from the YAML.
 
     The deployment is matched by ``name``; an application with a single deployment entry uses it
-    whatever its name. Defaults fill what the YAML omits: ``num_cpus=0.1``,
+    whatever its name. Defaults fill what the YAML omits: ``num_cpus=0.1``, ``num_gpus`` from the
+    application's ``device_group`` (see :mod:`twinkle.server.placement`),
     ``max_ongoing_requests`` by application kind, and ``TWINKLE_TRUST_REMOTE_CODE`` copied from the
     launcher's environment unless the deployment sets it.
 
@@ -76,6 +77,12 @@ def deployment_options(app_config: ApplicationConfig, deployment_name: str) -> d
         merged = configured.merged_runtime_env()
         env_vars.update(merged.env_vars)
         runtime_env.update(merged.model_dump(exclude_none=True, exclude={"env_vars"}))
+    if "num_gpus" not in actor:
+        from twinkle.server.placement import replica_num_gpus
+
+        gpus = replica_num_gpus(app_config)
+        if gpus:
+            actor["num_gpus"] = gpus
     for key in PROPAGATED_ENV:
         if key in os.environ:
             env_vars.setdefault(key, os.environ[key])
@@ -243,6 +250,13 @@ def launch(
     Returns:
         The gateway's base URL.
     """
+    from twinkle.server.preflight import preflight_problems
+
+    problems = preflight_problems(config)
+    if problems:
+        raise LaunchError("cannot launch:\n  - " + "\n  - ".join(problems))
+    # Keys are read here, once; replicas on any node get only their digests.
+    config = config.model_copy(update={"auth": config.auth.sealed()})
     init_ray(namespace or os.environ.get("TWINKLE_RAY_NAMESPACE") or None)
     try:
         url = deploy(config, ready_timeout_s)

@@ -41,10 +41,21 @@ class ReplicaWorker:
         if threads:
             torch.set_num_threads(threads)
         self.rank, self.world_size = rank, world_size
-        device = model_kwargs.pop("device", None) or ("cuda" if device_type == "cuda" else "cpu")
+        from twinkle.parallel.placement import compute_device
+
+        device = model_kwargs.pop("device", None) or compute_device(device_type)
+        self.device = device
         self.model = MultiLoraTransformersModel(model_id, device=device, **model_kwargs)
 
     # ------------------------------------------------------------------ setup
+    def compute_device(self) -> str:
+        return self.device
+
+    def placement(self) -> dict[str, Any]:
+        from twinkle.parallel.placement import placement_report
+
+        return {"rank": self.rank, **placement_report(self.device)}
+
     def node_id(self) -> str:
         import ray
 

@@ -50,6 +50,9 @@ class DataParallelModel:
             placement group, CPUs and custom resources the ranks use.
         num_cpus: CPUs each rank reserves (default: the group's, else 1).
         resources: Custom Ray resources each rank needs (node labels).
+        num_gpus: GPUs each rank reserves (default: 1 for ``cuda``, 0 for ``cpu``).
+        nproc_per_node: Pack this many ranks on each node (one STRICT_PACK placement group per
+            node), as the server's ``nproc_per_node``; default: Ray places each rank freely.
         timeout_s: Collective timeout.
         start_timeout_s: How long the replicas may take to schedule and start.
         **model_kwargs: Passed to each replica's model (``torch_dtype``, ``seed``, ...).
@@ -71,6 +74,8 @@ class DataParallelModel:
         device_group: DeviceGroup | str | None = None,
         num_cpus: float | None = None,
         resources: dict[str, float] | None = None,
+        num_gpus: float | None = None,
+        nproc_per_node: int | None = None,
         timeout_s: float = 1800.0,
         start_timeout_s: float = 600.0,
         **model_kwargs: Any,
@@ -85,7 +90,7 @@ class DataParallelModel:
             )
         self.model_id, self.dp_size = model_id, dp_size
         self.device_type = device_type.lower()
-        self.backend = backend or ("nccl" if self.device_type == "cuda" else "gloo")
+        self._backend = backend
         self.timeout_s, self.start_timeout_s = timeout_s, start_timeout_s
         self.model_kwargs = model_kwargs
         group, self._placement_group = _resolve_group(device_group)
@@ -95,6 +100,15 @@ class DataParallelModel:
         self.resources = (
             resources if resources is not None else (dict(group.resources or {}) if group else {})
         )
+        self.num_gpus = num_gpus if num_gpus is not None else (1 if self.device_type == "cuda" else 0)
+        self._packing = None
+        if nproc_per_node and self._placement_group is None:
+            from twinkle.parallel.placement import NodePacking
+
+            bundle = {"CPU": self.num_cpus, "GPU": self.num_gpus, **self.resources}
+            self._packing = NodePacking(
+                dp_size, nproc_per_node, {k: v for k, v in bundle.items() if v}, start_timeout_s
+            )
         self.adapters: dict[str, _Adapter] = {}
         self._forward_ranks: dict[str, list[int]] = {}
         self.replicas = ReplicaSet(self._start_worker, dp_size)
@@ -107,11 +121,14 @@ class DataParallelModel:
         from twinkle.parallel._worker import ReplicaWorker
 
         options: dict[str, Any] = {"num_cpus": self.num_cpus, "max_restarts": 0}
-        if self.device_type == "cuda":
-            options["num_gpus"] = 1
+        if self.num_gpus:
+            options["num_gpus"] = self.num_gpus
         if self.resources:
             options["resources"] = dict(self.resources)
-        options.update(placement_options(self._placement_group, rank))
+        if self._packing is not None:
+            options.update(self._packing.options(rank))
+        else:
+            options.update(placement_options(self._placement_group, rank))
         threads = max(1, int(self.num_cpus)) if self.device_type == "cpu" else None
         return (
             ray.remote(ReplicaWorker)
@@ -125,6 +142,18 @@ class DataParallelModel:
                 dict(self.model_kwargs),
             )
         )
+
+    @property
+    def backend(self) -> str:
+        """The ``torch.distributed`` backend: as given, else nccl where ranks compute on CUDA."""
+        if self._backend is None:
+            ((device,),) = [self.replicas.call("compute_device", ranks=[0])]
+            self._backend = "nccl" if device == "cuda" else "gloo"
+        return self._backend
+
+    def placements(self) -> list[dict[str, Any]]:
+        """Each rank's node id, assigned resources, ``CUDA_VISIBLE_DEVICES`` and device."""
+        return self.replicas.call("placement")
 
     def _init_process_group(self) -> None:
         ((host, port),) = self.replicas.call(
@@ -183,8 +212,10 @@ class DataParallelModel:
         return result
 
     def shutdown(self) -> None:
-        """Stop the replicas."""
+        """Stop the replicas and release their node reservations."""
         self.replicas.kill()
+        if self._packing is not None:
+            self._packing.remove()
 
     # ------------------------------------------------------------------ adapters
     def _adapter(self, adapter_name: str | None) -> _Adapter:

@@ -20,6 +20,11 @@ class _SamplerWorker:
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.sampler, method)(*args, **kwargs)
 
+    def placement(self) -> dict[str, Any]:
+        from twinkle.parallel.placement import placement_report
+
+        return placement_report(getattr(self.sampler, "device", None))
+
 
 class DataParallelSampler:
     """A sampler (``'TorchSampler'``, ``'vLLMSampler'`` or a class) replicated ``dp_size`` times.
@@ -29,6 +34,7 @@ class DataParallelSampler:
         dp_size: Number of replicas.
         num_cpus / num_gpus / resources: What each replica reserves in Ray.
         placement_group: Put replica ``i`` into bundle ``i`` of this placement group.
+        nproc_per_node: Without ``placement_group``: pack this many replicas on each node.
         **sampler_kwargs: Passed to every replica's constructor (``model_id=...``).
     """
 
@@ -41,6 +47,7 @@ class DataParallelSampler:
         num_gpus: float = 0,
         resources: dict[str, float] | None = None,
         placement_group: Any = None,
+        nproc_per_node: int | None = None,
         **sampler_kwargs: Any,
     ) -> None:
         import ray
@@ -51,11 +58,22 @@ class DataParallelSampler:
         if resources:
             options["resources"] = dict(resources)
         remote = ray.remote(_SamplerWorker)
+        self._packing = None
+        if nproc_per_node and placement_group is None:
+            from twinkle.parallel.placement import NodePacking
+
+            bundle = {"CPU": num_cpus, "GPU": num_gpus, **(resources or {})}
+            self._packing = NodePacking(
+                dp_size, nproc_per_node, {k: float(v) for k, v in bundle.items() if v}
+            )
 
         def start(rank: int) -> Any:
-            return remote.options(**options, **placement_options(placement_group, rank)).remote(
-                sampler, sampler_kwargs
+            where = (
+                self._packing.options(rank)
+                if self._packing is not None
+                else placement_options(placement_group, rank)
             )
+            return remote.options(**options, **where).remote(sampler, sampler_kwargs)
 
         self.dp_size = dp_size
         self.replicas = ReplicaSet(start, dp_size)
@@ -91,8 +109,14 @@ class DataParallelSampler:
         """Restart every replica after a ``WorkerLostError`` (configuration must be set again)."""
         self.replicas.restart()
 
+    def placements(self) -> list[dict[str, Any]]:
+        """Each replica's node id, assigned resources and ``CUDA_VISIBLE_DEVICES``."""
+        return self.replicas.call("placement")
+
     def shutdown(self) -> None:
         self.replicas.kill()
+        if self._packing is not None:
+            self._packing.remove()
 
 
 __all__ = ["DataParallelSampler"]

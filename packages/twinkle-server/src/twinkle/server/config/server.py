@@ -61,17 +61,47 @@ class PersistenceConfig(StrictModel):
 
 
 class AuthConfig(StrictModel):
-    """API keys accepted by the gateway: the union of the three sources below."""
+    """API keys accepted by the server: the union of the sources below.
+
+    ``launch`` reads every source once, on the machine it runs on, and hands each replica only
+    the keys' sha256 digests (``api_key_sha256``), so replicas on other nodes accept the same keys
+    without the environment variable or the keys file being present there.
+    """
 
     api_keys: list[str] = Field(default_factory=list)
     api_keys_file: str | None = None
     api_keys_env: str = "TWINKLE_SERVER_API_KEYS"
+    api_key_sha256: list[str] = Field(
+        default_factory=list, description="hex sha256 digests of accepted keys (no raw keys)"
+    )
     allow_anonymous: bool = Field(
         default=False,
         description="accept requests without a key as tenant 'anonymous' (local development only)",
     )
 
-    def resolve_api_keys(self) -> list[str]:
+    @field_validator("api_key_sha256")
+    @classmethod
+    def _hex_digests(cls, value: list[str]) -> list[str]:
+        for digest in value:
+            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+                raise ValueError(f"{digest!r} is not a lower-case hex sha256 digest (64 digits)")
+        return value
+
+    def key_digests(self, environ: Any = None) -> list[str]:
+        """Hex sha256 digests of every accepted key (config, file, ``environ``, digests)."""
+        import hashlib
+
+        keys = self.resolve_api_keys(environ)
+        digests = [hashlib.sha256(k.encode("utf-8")).hexdigest() for k in keys]
+        return list(dict.fromkeys(digests + list(self.api_key_sha256)))
+
+    def sealed(self) -> AuthConfig:
+        """This config with every key source read here and replaced by the keys' digests."""
+        return self.model_copy(
+            update={"api_keys": [], "api_keys_file": None, "api_key_sha256": self.key_digests()}
+        )
+
+    def resolve_api_keys(self, environ: Any = None) -> list[str]:
         """All configured keys: ``api_keys``, the file's lines, the env var's comma-separated list.
 
         Raises:
@@ -87,7 +117,8 @@ class AuthConfig(StrictModel):
             except OSError as error:
                 raise ConfigError([f"auth.api_keys_file: cannot read {path}: {error}"]) from error
             keys += [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
-        keys += [k.strip() for k in os.environ.get(self.api_keys_env, "").split(",") if k.strip()]
+        environ = os.environ if environ is None else environ
+        keys += [k.strip() for k in environ.get(self.api_keys_env, "").split(",") if k.strip()]
         return list(dict.fromkeys(keys))
 
 

@@ -16,6 +16,7 @@ from twinkle.server.model.operations import native_operations
 from twinkle.server.model.ratelimit import RateLimiter
 from twinkle.server.model.registry import StateRunRegistry
 from twinkle.server.model.service import ModelService
+from twinkle.server.placement import placement_of, worker_options
 from twinkle.server.telemetry import ModelTaskMetrics, serve_traced, setup_telemetry
 from twinkle.server.threads import build_on_model_thread, cpu_threads
 from twinkle.server.tinker.model_ops import tinker_operations
@@ -37,7 +38,7 @@ def build_service(app_config: ApplicationConfig, context) -> ModelService:
         kwargs.update(
             dp_size=mesh.dp_size,
             device_type=mesh.device_type,
-            worker_options=_worker_options(app_config),
+            worker_options=worker_options(app_config),
         )
     torch_backend = args.backend != "mock"
     options = args.execution.options()
@@ -77,23 +78,6 @@ def build_service(app_config: ApplicationConfig, context) -> ModelService:
     )
     metrics.watch(service)
     return service
-
-
-def _worker_options(app_config: ApplicationConfig) -> dict[str, Any]:
-    """Data-parallel ranks land where the deployment does: its custom ``resources`` labels, and
-    its ``num_cpus`` per CPU rank (a GPU rank takes one GPU)."""
-    options: dict[str, Any] = {}
-    deployment = app_config.deployments[0] if len(app_config.deployments) == 1 else None
-    actor = deployment.ray_actor_options if deployment is not None else None
-    if actor is not None and actor.resources:
-        options["resources"] = dict(actor.resources)
-    if (
-        actor is not None
-        and actor.num_cpus is not None
-        and app_config.args.device_mesh.device_type == "cpu"
-    ):
-        options["num_cpus"] = actor.num_cpus
-    return options
 
 
 async def sweep_forever(service: ModelService, interval_s: float) -> None:
@@ -174,6 +158,10 @@ class ModelManagement:
     async def call(self, owner: str, op: str, payload: dict[str, Any]) -> Any:
         """Handle API for the gateway: the same operations as the HTTP routes."""
         return await serve_traced("Model", self.service.call, owner, op, payload)
+
+    def placement(self) -> dict[str, Any]:
+        """Where this replica and its data-parallel ranks run (node, GPUs, resources)."""
+        return placement_of(self.service.model)
 
     async def unload_session(self, session_id: str) -> list[str]:
         """Unload the adapters of a session that stopped heartbeating (gateway housekeeping)."""

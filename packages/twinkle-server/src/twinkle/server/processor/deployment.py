@@ -24,6 +24,12 @@ class ProcessorManagement:
         self.context = build_context(self.config)
         self.service = ProcessorService(max_num_proc=self.app_config.args.ncpu_proc_per_node)
 
+    def placement(self) -> dict[str, Any]:
+        """Where this replica runs (node, resources)."""
+        from twinkle.server.placement import placement_of
+
+        return placement_of(self.service)
+
     def __serve_build_asgi_app__(self):
         return create_processor_app(
             self.context.authenticate,

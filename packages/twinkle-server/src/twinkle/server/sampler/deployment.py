@@ -33,16 +33,16 @@ def create_sampler(app_config: ApplicationConfig, storage_root) -> Any:
     if args.sampler_type == "torch":
         kwargs["max_loras"] = args.max_loras
         kwargs["options"] = args.execution.options()
+    mesh = args.device_mesh
     if args.sampler_type == "vllm":
         kwargs["engine_args"] = dict(args.engine_args)
-    mesh = args.device_mesh
+        if mesh is not None and mesh.tp_size > 1:
+            kwargs["engine_args"].setdefault("tensor_parallel_size", mesh.tp_size)
     if mesh is not None and mesh.dp_size > 1:
         from twinkle.parallel import DataParallelSampler
-        from twinkle.server.model.deployment import _worker_options
+        from twinkle.server.placement import worker_options
 
-        placement = _worker_options(app_config)
-        if mesh.device_type != "cpu":
-            placement.setdefault("num_gpus", 1)
+        placement = worker_options(app_config)
         return DataParallelSampler(
             _SAMPLER_CLASSES[args.sampler_type],
             mesh.dp_size,
@@ -122,6 +122,12 @@ class SamplerManagement:
 
     async def call(self, owner: str, op: str, payload: dict[str, Any]) -> Any:
         return await serve_traced("Sampler", self.service.call, owner, op, payload)
+
+    def placement(self) -> dict[str, Any]:
+        """Where this replica and its data-parallel ranks run (node, GPUs, resources)."""
+        from twinkle.server.placement import placement_of
+
+        return placement_of(self.service.sampler)
 
 
 def build_app(app_config: ApplicationConfig, server_config: ServerConfig):

@@ -1,0 +1,70 @@
+"""Where each application's processes run: the GPUs a replica reserves, and its data-parallel ranks.
+
+The seed's rule: ``device_group.ranks`` is the number of GPUs an application uses. A single-process
+application (``dp_size`` 1: the transformers or megatron model, vLLM with its own tensor
+parallelism) reserves all of them for its Serve replica; with ``dp_size`` N > 1 the replica itself
+holds none and each of its N ranks (Ray actors) reserves ``ranks / N``, ``nproc_per_node`` of them
+packed on each node. Ray gives every process that reserves GPUs its own ``CUDA_VISIBLE_DEVICES``, so
+applications never share a GPU unless a config asks for fractional ``num_gpus`` itself.
+``ray_actor_options`` in a deployment apply on top: a ``num_gpus`` written there wins.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twinkle.server.config import ApplicationConfig
+
+
+def group_gpus(app_config: ApplicationConfig) -> int:
+    """The GPUs (or NPUs) the application's ``device_group`` names; 0 for CPU groups or none."""
+    group = getattr(app_config.args, "device_group", None)
+    return group.ranks if group is not None and group.is_accelerator else 0
+
+
+def dp_size(app_config: ApplicationConfig) -> int:
+    mesh = getattr(app_config.args, "device_mesh", None)
+    return mesh.dp_size if mesh is not None else 1
+
+
+def replica_num_gpus(app_config: ApplicationConfig) -> float:
+    """What the Serve replica reserves: every group GPU when it computes itself, else 0."""
+    if app_config.import_path not in ("model", "sampler") or dp_size(app_config) > 1:
+        return 0
+    return float(group_gpus(app_config))
+
+
+def worker_options(app_config: ApplicationConfig) -> dict[str, Any]:
+    """Options of each data-parallel rank (``DataParallelModel`` / ``DataParallelSampler``).
+
+    The ranks land where the deployment asks (its custom ``resources`` labels), take its
+    ``num_cpus`` per CPU rank, ``ranks / dp_size`` GPUs per accelerator rank, and are packed
+    ``nproc_per_node`` to a node.
+    """
+    args = app_config.args
+    options: dict[str, Any] = {}
+    deployment = app_config.deployments[0] if len(app_config.deployments) == 1 else None
+    actor = deployment.ray_actor_options if deployment is not None else None
+    if actor is not None and actor.resources:
+        options["resources"] = dict(actor.resources)
+    mesh = args.device_mesh
+    if mesh.device_type == "cpu":
+        if actor is not None and actor.num_cpus is not None:
+            options["num_cpus"] = actor.num_cpus
+    else:
+        options["num_gpus"] = max(1.0, group_gpus(app_config) / mesh.dp_size)
+    per_node = min(getattr(args, "nproc_per_node", 1), mesh.dp_size)
+    if per_node > 1:
+        options["nproc_per_node"] = per_node
+    return options
+
+
+def placement_of(component: Any) -> dict[str, Any]:
+    """The replica's own placement and, for a data-parallel component, each rank's."""
+    from twinkle.parallel.placement import placement_report
+
+    report: dict[str, Any] = {"replica": placement_report()}
+    placements = getattr(component, "placements", None)
+    if callable(placements):
+        report["workers"] = placements()
+    return report
