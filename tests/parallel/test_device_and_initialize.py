@@ -131,7 +131,7 @@ def test_local_mode_records_the_groups():
 
 def test_http_mode_needs_a_config_and_the_server(monkeypatch):
     monkeypatch.delenv("TWINKLE_SERVER_CONFIG", raising=False)
-    with pytest.raises(ValueError, match="needs the server config"):
+    with pytest.raises(ValueError, match="needs the server config or device groups"):
         initialize(mode="http")
     monkeypatch.setitem(sys.modules, "twinkle.server", None)
     with pytest.raises(ImportError, match="pip install twinkle-server"):
@@ -163,6 +163,44 @@ def test_http_mode_launches_the_config_and_checks_the_groups(monkeypatch):
         DeviceMeshError, match="asks device group 'model' for 2 cuda devices; the group has 1"
     ):
         initialize(mode="http", groups=[DeviceGroup("model", ranks=1)], config=data, blocking=False)
+
+
+def test_http_mode_with_groups_alone_builds_the_seeds_deployment(monkeypatch):
+    """The seed's server.py: three groups, nothing else."""
+    from twinkle.server import launch
+
+    monkeypatch.delenv("TWINKLE_SERVER_CONFIG", raising=False)
+    monkeypatch.delenv("TWINKLE_BASE_MODEL", raising=False)
+    launched = {}
+    monkeypatch.setattr(
+        launch, "launch", lambda config, namespace=None, blocking=True: launched.update(c=config)
+    )
+    device_groups = [
+        DeviceGroup(name="model", ranks=4, device_type="cuda"),
+        DeviceGroup(name="sampler", ranks=4, device_type="cuda"),
+        DeviceGroup(name="utility", ranks=0, device_type="cpu"),
+    ]
+    twinkle.initialize(mode="http", groups=device_groups, blocking=False)
+    config = launched["c"]
+    model, sampler = config.applications_of("model")[0], config.applications_of("sampler")[0]
+    assert model.args.model_id == sampler.args.model_id == "ms://Qwen/Qwen3.5-4B"
+    assert model.route_prefix == "/api/v1/model/Qwen/Qwen3.5-4B"
+    assert (model.args.device_group.ranks, model.args.device_mesh.dp_size) == (4, 4)
+    assert model.args.nproc_per_node == 4 and sampler.args.device_mesh.dp_size == 4
+    assert sampler.args.sampler_type in ("vllm", "torch")
+    assert config.applications_of("processor")[0].args.device_group.device_type == "cpu"
+    assert config.server_application.args.server_config.supported_models == ["Qwen/Qwen3.5-4B"]
+    from twinkle.server.placement import replica_num_gpus, worker_options
+
+    # Data parallel: the replica holds no GPU, each of the 4 ranks one, all 4 on one node.
+    assert replica_num_gpus(model) == 0
+    assert worker_options(model) == {"num_gpus": 1.0, "nproc_per_node": 4}
+    # The base model comes from the environment when set.
+    monkeypatch.setenv("TWINKLE_BASE_MODEL", "tiny://qwen3.5")
+    twinkle.initialize(mode="http", groups=device_groups[:1], blocking=False)
+    assert [a.args.model_id for a in launched["c"].applications_of("model")] == ["tiny://qwen3.5"]
+    with pytest.raises(Exception, match="need a DeviceGroup named 'model'"):
+        twinkle.initialize(mode="http", groups=device_groups[1:], blocking=False)
 
 
 def test_import_twinkle_stays_light():

@@ -7,6 +7,7 @@ import types
 
 import httpx
 import pytest
+import yaml
 from config_samples import full_config_data, tiny_config_data
 
 from twinkle.server import launch as launch_module
@@ -159,3 +160,92 @@ def test_launch_serves_every_application_over_http(monkeypatch):
     assert (server.status_code, server.json()) == (200, {"app": "server"})
     assert (model.status_code, model.json()) == (200, {"app": "models-tiny-qwen3.5"})
     assert not ray.is_initialized()
+
+
+def _cookbook(name):
+    from config_samples import COOKBOOK_CONFIGS
+
+    return next(p for p in COOKBOOK_CONFIGS if f"{p.parent.name}/{p.name}" == name)
+
+
+@pytest.mark.unit
+def test_every_application_reserves_its_device_group():
+    from twinkle.server.config import load_config
+    from twinkle.server.placement import worker_options
+
+    e2e = load_config(_cookbook("transformer/server_config_e2e.yaml"))
+    model, sampler = e2e.applications_of("model")[0], e2e.applications_of("sampler")[0]
+    # dp_size 1: the Serve replica computes itself and holds the group's one GPU each.
+    assert deployment_options(model, "ModelManagement")["ray_actor_options"]["num_gpus"] == 1
+    assert deployment_options(sampler, "SamplerManagement")["ray_actor_options"]["num_gpus"] == 1
+    seed = load_config(_cookbook("transformer/server_config.yaml"))
+    model = seed.applications_of("model")[0]  # ranks 2, dp 2, nproc_per_node 2
+    assert "num_gpus" not in deployment_options(model, "ModelManagement")["ray_actor_options"]
+    assert worker_options(model) == {"num_gpus": 1.0, "nproc_per_node": 2}
+    processor = seed.applications_of("processor")[0]
+    assert "num_gpus" not in deployment_options(processor, "ProcessorManagement")["ray_actor_options"]
+
+
+@pytest.mark.unit
+def test_ray_actor_options_apply_on_top_of_the_group():
+    data = yaml.safe_load(_cookbook("transformer/server_config_e2e.yaml").read_text())
+    data["applications"][1]["deployments"][0]["ray_actor_options"]["num_gpus"] = 0.5
+    config = parse_config(data)
+    options = deployment_options(config.applications_of("model")[0], "ModelManagement")
+    assert options["ray_actor_options"]["num_gpus"] == 0.5  # the config says share
+
+
+@pytest.mark.unit
+def test_vllm_tensor_parallel_comes_from_the_mesh(monkeypatch):
+    from twinkle.server.sampler import deployment as sampler_deployment
+
+    data = yaml.safe_load(_cookbook("transformer/server_config_e2e.yaml").read_text())
+    sampler = data["applications"][2]["args"]
+    sampler["device_group"]["ranks"] = 2
+    sampler["device_mesh"]["tp_size"] = 2
+    app = parse_config(data).applications_of("sampler")[0]
+    built = {}
+
+    class FakeVllm:
+        def __init__(self, model_id, **kwargs):
+            built.update(kwargs)
+
+    import twinkle.sampler
+
+    monkeypatch.setattr(twinkle.sampler, "vLLMSampler", FakeVllm, raising=False)
+    sampler_deployment.create_sampler(app, "/tmp")
+    assert built["engine_args"]["tensor_parallel_size"] == 2
+    assert deployment_options(app, "SamplerManagement")["ray_actor_options"]["num_gpus"] == 2
+
+
+@pytest.mark.unit
+def test_launch_refuses_before_ray_starts(monkeypatch):
+    import ray
+
+    monkeypatch.delenv("TWINKLE_SERVER_API_KEYS", raising=False)
+    monkeypatch.setattr(launch_module, "init_ray", lambda *a: pytest.fail("Ray was started"))
+    with pytest.raises(LaunchError, match="no API key source"):
+        launch_module.launch(parse_config(tiny_config_data()), blocking=False)
+    assert not ray.is_initialized()
+
+
+@pytest.mark.unit
+def test_launch_hands_replicas_only_key_digests(monkeypatch):
+    import hashlib
+
+    from twinkle.server.auth import ApiKeyAuth
+
+    monkeypatch.setenv("TWINKLE_SERVER_API_KEYS", "EMPTY_API_KEY,other-key")
+    sealed = parse_config(tiny_config_data()).auth.sealed()
+    assert sealed.api_keys == [] and sealed.api_keys_file is None
+    assert sealed.api_key_sha256 == [
+        hashlib.sha256(k.encode()).hexdigest() for k in ("EMPTY_API_KEY", "other-key")
+    ]
+    # A replica on a node without the variable accepts the same keys, as the same tenants.
+    auth = ApiKeyAuth(env_var=sealed.api_keys_env, environ={}, digests=sealed.api_key_sha256)
+    direct = ApiKeyAuth(keys=["EMPTY_API_KEY"], environ={})
+    presented = {"Authorization": "Bearer EMPTY_API_KEY"}
+    assert auth.authenticate(presented).tenant_id == direct.authenticate(presented).tenant_id
+    assert auth.authenticate({"X-API-Key": "tml-other-key"}).tenant_id
+    with pytest.raises(Exception, match="invalid API key"):
+        auth.authenticate({"X-API-Key": "wrong"})

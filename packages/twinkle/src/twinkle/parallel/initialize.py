@@ -5,7 +5,9 @@
   one, and reserve every device group as a Ray placement group (one bundle per rank), so that
   ``DataParallelModel`` workers and other actors land on the group's devices.
 * ``http``: start the Twinkle server (twinkle-server distribution) from Python, as the seed's
-  ``server.py`` does, from a server config path, dict or ``ServerConfig``.
+  ``server.py`` does, from a server config path, dict or ``ServerConfig``, ``$TWINKLE_SERVER_CONFIG``,
+  or from the device groups alone (``twinkle.server.config.from_groups``): each group becomes the
+  application of its role, and its devices are reserved by that application's replicas and ranks.
 """
 
 from __future__ import annotations
@@ -221,7 +223,7 @@ def _initialize_http(
             "twinkle.initialize(mode='http') starts the Twinkle server, which ships in the "
             "twinkle-server distribution: pip install twinkle-server"
         ) from exc
-    server_config = load_server_config(config)
+    server_config = load_server_config(config, groups)
     check_config_fits_groups(server_config, groups)
     if address is not None:
         connect_ray(address, namespace)
@@ -229,8 +231,9 @@ def _initialize_http(
     return TwinkleContext(mode="http", groups=groups, server_url=url, address=address)
 
 
-def load_server_config(config: Any) -> Any:
-    """A ``ServerConfig`` from a path, a dict, a ``ServerConfig`` or ``$TWINKLE_SERVER_CONFIG``."""
+def load_server_config(config: Any, groups: dict[str, DeviceGroup] | None = None) -> Any:
+    """A ``ServerConfig`` from a path, a dict, a ``ServerConfig``, ``$TWINKLE_SERVER_CONFIG``, or
+    else built from the device groups alone (the seed's ``server.py``)."""
     from twinkle.server.config import CONFIG_ENV, ServerConfig, load_config, parse_config
 
     if isinstance(config, ServerConfig):
@@ -238,9 +241,14 @@ def load_server_config(config: Any) -> Any:
     if isinstance(config, dict):
         return parse_config(config)
     if config is None and not os.environ.get(CONFIG_ENV):
+        if groups:
+            from twinkle.server.config.from_groups import config_from_groups
+
+            return config_from_groups(groups.values())
         raise ValueError(
-            f"twinkle.initialize(mode='http') needs the server config: pass config= (a YAML path "
-            f"or dict) or set {CONFIG_ENV}"
+            f"twinkle.initialize(mode='http') needs the server config or device groups: pass "
+            f"groups=[DeviceGroup(name='model', ...), ...], config= (a YAML path or dict), or set "
+            f"{CONFIG_ENV}"
         )
     return load_config(Path(config) if config is not None else None)
 
