@@ -46,9 +46,13 @@ def preflight_problems(
                 f"applications[{config.server_application.name}].args.server_config."
                 f"supported_models: '{name}' is served by no model application (served: "
                 f"{', '.join(sorted(served)) or 'none'}); add a model application with model_id "
-                f"'ms://{name}' or remove it from the list"
+                f"'{_model_id_for(name)}' or remove it from the list"
             )
     return problems
+
+
+def _model_id_for(name: str) -> str:
+    return f"tiny://{name[5:]}" if name.startswith("tiny/") else f"ms://{name}"
 
 
 def _auth_problems(config: ServerConfig, environ: Mapping[str, str]) -> list[str]:
