@@ -5,7 +5,9 @@ loss and its gradient here, and sends the gradient back as per-token weights: th
 runs its built-in ``cross_entropy``. Reference log-probs come from the untouched adapter (LoRA's B
 starts at zero, so the first forward IS the base model).
 
-    python cookbook/client/tinker/self_host/dpo.py     (TINKER_MAX_STEPS, default 6)
+    python cookbook/client/tinker/self_host/dpo.py     (TWINKLE_MAX_STEPS, default 6)
+
+TWINKLE_SERVER_URL, TWINKLE_SERVER_TOKEN and TWINKLE_BASE_MODEL as in self_cognition.py.
 """
 
 import os
@@ -20,13 +22,13 @@ init_tinker_client()
 
 from tinker import ServiceClient, types  # noqa: E402
 
-base_model = "tiny/qwen3.5"
+base_model = os.environ.get("TWINKLE_BASE_MODEL", "Qwen/Qwen3.5-4B")
 base_url = os.environ.get("TWINKLE_SERVER_URL", "http://localhost:8000")
 api_key = os.environ.get("TWINKLE_SERVER_TOKEN", "EMPTY_API_KEY")
-steps = int(os.environ.get("TINKER_MAX_STEPS", "6"))
+steps = int(os.environ.get("TWINKLE_MAX_STEPS", "6"))
 beta = 0.1
 
-template = Template(model_id="tiny://qwen3.5")
+template = Template(model_id=f"ms://{base_model}")
 pairs = [
     ("你是谁？", "我是twinkle模型，由twinkle团队开发。", "我是一个普通的程序。"),
     ("Who are you?", "I am twinkle, trained by the twinkle team.", "I do not know."),

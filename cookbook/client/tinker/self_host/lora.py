@@ -1,8 +1,10 @@
 """The smallest Tinker SDK loop against a Twinkle server: LoRA SFT on a few sentences, then sample.
 
-    TWINKLE_SERVER_API_KEYS=EMPTY_API_KEY \
-        twinkle-server launch -c cookbook/client/server/tiny/server_config.yaml
-    python cookbook/client/tinker/self_host/lora.py
+    export TWINKLE_SERVER_API_KEYS=EMPTY_API_KEY
+    twinkle-server launch -c cookbook/client/server/transformer/server_config.yaml
+    python cookbook/client/tinker/self_host/lora.py     (TWINKLE_MAX_STEPS, default 10)
+
+TWINKLE_SERVER_URL, TWINKLE_SERVER_TOKEN and TWINKLE_BASE_MODEL as in self_cognition.py.
 """
 
 import os
@@ -13,10 +15,10 @@ init_tinker_client()
 
 from tinker import ServiceClient, types  # noqa: E402
 
-base_model = "tiny/qwen3.5"  # e.g. 'Qwen/Qwen3.5-4B' on a GPU server
+base_model = os.environ.get("TWINKLE_BASE_MODEL", "Qwen/Qwen3.5-4B")
 base_url = os.environ.get("TWINKLE_SERVER_URL", "http://localhost:8000")
 api_key = os.environ.get("TWINKLE_SERVER_TOKEN", "EMPTY_API_KEY")
-steps = int(os.environ.get("TINKER_MAX_STEPS", "10"))
+steps = int(os.environ.get("TWINKLE_MAX_STEPS", "10"))
 
 service_client = ServiceClient(base_url=base_url, api_key=api_key)
 training_client = service_client.create_lora_training_client(base_model=base_model, rank=8).result()

@@ -4,6 +4,8 @@ Uses ``TWINKLE_CHECKPOINT`` (a ``twinkle://`` or ``tinker://`` path), else the n
 of this API key's runs (run ``self_cognition.py`` first), else the base model.
 
     python cookbook/client/tinker/self_host/sample.py
+
+TWINKLE_SERVER_URL, TWINKLE_SERVER_TOKEN and TWINKLE_BASE_MODEL as in self_cognition.py.
 """
 
 import os
@@ -19,7 +21,7 @@ init_tinker_client()
 
 from tinker import ServiceClient  # noqa: E402
 
-base_model = "tiny/qwen3.5"  # the seed: 'Qwen/Qwen3.5-4B'
+base_model = os.environ.get("TWINKLE_BASE_MODEL", "Qwen/Qwen3.5-4B")
 base_url = os.environ.get("TWINKLE_SERVER_URL", "http://localhost:8000")
 api_key = os.environ.get("TWINKLE_SERVER_TOKEN", "EMPTY_API_KEY")
 
@@ -48,7 +50,7 @@ else:
     sampling_client = service_client.create_sampling_client(base_model=base_model)
 
 # 使用 Twinkle 的 Template 构建多轮对话输入
-template = Template(model_id="tiny://qwen3.5")  # the seed: f'ms://{base_model}'
+template = Template(model_id=f"ms://{base_model}")
 trajectory = Trajectory(
     messages=[
         Message(role="system", content="You are a helpful assistant"),

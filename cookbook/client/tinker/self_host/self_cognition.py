@@ -1,11 +1,16 @@
-"""Self-cognition SFT with the official Tinker SDK: the seed's example, against the tiny server.
+"""Self-cognition SFT with the official Tinker SDK: the seed's example ("Tinker 客户端 / 完整训练示例").
 
-The seed's "Tinker 客户端 / 完整训练示例", verbatim except the base model (``tiny/qwen3.5`` instead of
-``Qwen/Qwen3.5-4B``), the data set (the shipped ``builtin://self-cognition``) and a step cap
-(``TINKER_MAX_STEPS``, default 8) so that it finishes in about a minute on a laptop CPU.
+The seed's code, except that the server, key, base model and a step cap come from the environment
+(defaults: the seed's values), so the same file runs against the seed's GPU config and the tiny
+CPU one::
 
-    TWINKLE_SERVER_API_KEYS=EMPTY_API_KEY \
-        twinkle-server launch -c cookbook/client/server/tiny/server_config.yaml
+    TWINKLE_SERVER_URL    server address             (default http://localhost:8000)
+    TWINKLE_SERVER_TOKEN  API key                    (default EMPTY_API_KEY)
+    TWINKLE_BASE_MODEL    served base model          (default Qwen/Qwen3.5-4B)
+    TWINKLE_MAX_STEPS     steps per epoch, 0 = all   (default 0: the seed's full loop)
+
+    export TWINKLE_SERVER_API_KEYS=EMPTY_API_KEY
+    twinkle-server launch -c cookbook/client/server/transformer/server_config.yaml
     python cookbook/client/tinker/self_host/self_cognition.py
 """
 
@@ -26,15 +31,14 @@ init_tinker_client()
 
 from tinker import ServiceClient  # noqa: E402
 
-base_model = "tiny/qwen3.5"  # the seed: 'Qwen/Qwen3.5-4B'
+base_model = os.environ.get("TWINKLE_BASE_MODEL", "Qwen/Qwen3.5-4B")
 base_url = os.environ.get("TWINKLE_SERVER_URL", "http://localhost:8000")
 api_key = os.environ.get("TWINKLE_SERVER_TOKEN", "EMPTY_API_KEY")
-max_steps = int(os.environ.get("TINKER_MAX_STEPS", "8"))
-epochs = int(os.environ.get("TINKER_EPOCHS", "1"))
+max_steps = int(os.environ.get("TWINKLE_MAX_STEPS", "0"))  # per epoch; 0: the whole data set
 
 # Step 2: 准备数据集
-dataset = Dataset(dataset_meta=DatasetMeta("builtin://self-cognition", data_slice=range(64)))
-dataset.set_template("Qwen3_5Template", model_id="tiny://qwen3.5", max_length=256)
+dataset = Dataset(dataset_meta=DatasetMeta("ms://swift/self-cognition", data_slice=range(500)))
+dataset.set_template("Qwen3_5Template", model_id=f"ms://{base_model}", max_length=256)
 dataset.map(SelfCognitionProcessor("twinkle模型", "twinkle团队"), load_from_cache_file=False)
 dataset.encode(batched=True, load_from_cache_file=False)
 dataloader = DataLoader(dataset=dataset, batch_size=8)
@@ -48,10 +52,10 @@ training_client = service_client.create_lora_training_client(
 ).result()
 
 # Step 4: 训练循环
-for epoch in range(epochs):
+for epoch in range(3):
     print(f"Epoch {epoch}")
     for step, batch in tqdm(enumerate(dataloader)):
-        if step >= max_steps:
+        if max_steps and step >= max_steps:
             break
         # 将 Twinkle 的 InputFeature 转换为 Tinker 的 Datum 格式
         input_datum = [input_feature_to_datum(input_feature) for input_feature in batch]
@@ -60,7 +64,7 @@ for epoch in range(epochs):
         fwdbwd_future = training_client.forward_backward(input_datum, "cross_entropy")
 
         # 优化器更新：Adam 更新模型权重
-        optim_future = training_client.optim_step(types.AdamParams(learning_rate=1e-3))
+        optim_future = training_client.optim_step(types.AdamParams(learning_rate=1e-4))
 
         # 等待两个操作完成
         fwdbwd_result = fwdbwd_future.result()
@@ -80,5 +84,3 @@ for epoch in range(epochs):
     save_future = training_client.save_state(f"twinkle-lora-{epoch}")
     save_result = save_future.result()
     print(f"Saved checkpoint to {save_result.path}")
-
-service_client.close("success").result()

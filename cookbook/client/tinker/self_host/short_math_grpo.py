@@ -9,7 +9,10 @@ first teach the tiny random model the answer format. Each RL step:
     training_client.forward_backward(datums, 'importance_sampling')     # -exp(lp - q) * A
     training_client.optim_step(...)
 
-    python cookbook/client/tinker/self_host/short_math_grpo.py    (TINKER_RL_STEPS, default 4)
+    python cookbook/client/tinker/self_host/short_math_grpo.py
+
+TWINKLE_MAX_STEPS: RL steps (default 6); TWINKLE_WARMUP_STEPS: SFT warm-up steps (default 40);
+TWINKLE_SERVER_URL, TWINKLE_SERVER_TOKEN and TWINKLE_BASE_MODEL as in self_cognition.py.
 """
 
 import os
@@ -25,15 +28,15 @@ init_tinker_client()
 
 from tinker import ServiceClient, types  # noqa: E402
 
-base_model = "tiny/qwen3.5"
+base_model = os.environ.get("TWINKLE_BASE_MODEL", "Qwen/Qwen3.5-4B")
 base_url = os.environ.get("TWINKLE_SERVER_URL", "http://localhost:8000")
 api_key = os.environ.get("TWINKLE_SERVER_TOKEN", "EMPTY_API_KEY")
-warmup_steps = int(os.environ.get("TINKER_WARMUP_STEPS", "40"))
-rl_steps = int(os.environ.get("TINKER_RL_STEPS", "6"))
+warmup_steps = int(os.environ.get("TWINKLE_WARMUP_STEPS", "40"))
+rl_steps = int(os.environ.get("TWINKLE_MAX_STEPS", "6"))
 group_size = 4
 rng = random.Random(0)
 
-template = Template(model_id="tiny://qwen3.5")
+template = Template(model_id=f"ms://{base_model}")
 pairs = [(a, b) for a in range(3) for b in range(3)]
 
 

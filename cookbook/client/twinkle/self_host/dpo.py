@@ -4,9 +4,11 @@ Rows come in (chosen, rejected) pairs; ``DPOLoss`` compares the adapter's log-pr
 the base model's (the server computes the reference by running the base model without the
 adapter, so nothing extra is sent).
 
-    TWINKLE_SERVER_API_KEYS=EMPTY_API_KEY \
-        twinkle-server launch -c cookbook/client/server/tiny/server_config.yaml
-    python cookbook/client/twinkle/self_host/dpo.py
+    export TWINKLE_SERVER_API_KEYS=EMPTY_API_KEY
+    twinkle-server launch -c cookbook/client/server/transformer/server_config.yaml
+    python cookbook/client/twinkle/self_host/dpo.py     (TWINKLE_MAX_STEPS, default 10)
+
+TWINKLE_SERVER_URL, TWINKLE_SERVER_TOKEN and TWINKLE_BASE_MODEL as in self_cognition.py.
 """
 
 import os
@@ -15,10 +17,10 @@ from twinkle_client import init_twinkle_client
 from twinkle_client.data_format import Message, Trajectory
 from twinkle_client.model import MultiLoraTransformersModel
 
-base_model = "tiny://qwen3.5"  # the seed: 'ms://Qwen/Qwen3.5-4B'
+base_model = os.environ.get("TWINKLE_BASE_MODEL", "Qwen/Qwen3.5-4B")
 base_url = os.environ.get("TWINKLE_SERVER_URL", "http://localhost:8000")
 api_key = os.environ.get("TWINKLE_SERVER_TOKEN", "EMPTY_API_KEY")
-steps = int(os.environ.get("DPO_STEPS", 10))
+steps = int(os.environ.get("TWINKLE_MAX_STEPS", "10"))
 
 preferences = [
     ("Describe a cat.", "A cat is a small, curious and affectionate animal.", "Cats. Whatever."),
@@ -40,7 +42,7 @@ batch = [
 ]
 
 client = init_twinkle_client(base_url=base_url, api_key=api_key)
-model = MultiLoraTransformersModel(model_id=base_model)
+model = MultiLoraTransformersModel(model_id=f"ms://{base_model}")
 model.add_adapter_to_model("dpo", {"r": 8, "lora_alpha": 16, "target_modules": "all-linear"})
 model.set_template("Qwen3_5Template")
 model.set_loss("DPOLoss", beta=0.1)

@@ -1,11 +1,13 @@
 """Inference only through the Twinkle client (tenant C of the multi-tenant guide).
 
-Samples answers from the tiny server's base model and, when this API key has a checkpoint (for
+Samples answers from the server's base model and, when this API key has a checkpoint (for
 example from ``self_cognition.py``), from that adapter too, by its ``twinkle://`` path.
 
-    TWINKLE_SERVER_API_KEYS=EMPTY_API_KEY \
-        twinkle-server launch -c cookbook/client/server/tiny/server_config.yaml
+    export TWINKLE_SERVER_API_KEYS=EMPTY_API_KEY
+    twinkle-server launch -c cookbook/client/server/transformer/server_config.yaml
     python cookbook/client/twinkle/self_host/sample.py
+
+TWINKLE_SERVER_URL, TWINKLE_SERVER_TOKEN and TWINKLE_BASE_MODEL as in self_cognition.py.
 """
 
 import os
@@ -14,7 +16,7 @@ from twinkle_client import init_twinkle_client
 from twinkle_client.data_format import Message, Trajectory
 from twinkle_client.sampler import vLLMSampler
 
-base_model = "tiny://qwen3.5"  # the seed: 'ms://Qwen/Qwen3.5-4B'
+base_model = os.environ.get("TWINKLE_BASE_MODEL", "Qwen/Qwen3.5-4B")
 base_url = os.environ.get("TWINKLE_SERVER_URL", "http://localhost:8000")
 api_key = os.environ.get("TWINKLE_SERVER_TOKEN", "EMPTY_API_KEY")
 
@@ -29,7 +31,7 @@ for run in client.list_training_runs(limit=20):
 
 # The server's sampler config decides the engine (torch for the tiny model, vLLM on GPUs);
 # the client class only names the API the script was written against.
-sampler = vLLMSampler(model_id=base_model)
+sampler = vLLMSampler(model_id=f"ms://{base_model}")
 sampler.set_template("Qwen3_5Template")
 
 prompts = [

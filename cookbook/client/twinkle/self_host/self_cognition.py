@@ -1,20 +1,28 @@
-"""Self-cognition SFT through the Twinkle client: the documented example, against the tiny server.
+"""Self-cognition SFT through the Twinkle client: the seed's full example (docs: "Twinkle 客户端",
+"完整训练示例").
 
-The seed's full example (docs: "Twinkle 客户端", "完整训练示例"), verbatim except the base model
-(``tiny/qwen3.5`` instead of ``Qwen/Qwen3.5-4B``) and the data set (the shipped
-``builtin://self-cognition``, 64 rows, so it runs in about a minute on a laptop CPU).
+The seed's code, except that the server, key, base model and a step cap come from the environment
+(defaults: the seed's values), so the same file runs against the seed's GPU config and the tiny
+CPU one::
+
+    TWINKLE_SERVER_URL    server address             (default http://localhost:8000)
+    TWINKLE_SERVER_TOKEN  API key                    (default EMPTY_API_KEY)
+    TWINKLE_BASE_MODEL    served base model          (default Qwen/Qwen3.5-4B)
+    TWINKLE_MAX_STEPS     steps per epoch, 0 = all   (default 0: the seed's full loop)
 
 Start the server first (it accepts the key this script sends)::
 
-    TWINKLE_SERVER_API_KEYS=EMPTY_API_KEY \
-        twinkle-server launch -c cookbook/client/server/tiny/server_config.yaml
+    export TWINKLE_SERVER_API_KEYS=EMPTY_API_KEY
+    twinkle-server launch -c cookbook/client/server/transformer/server_config.yaml
     python cookbook/client/twinkle/self_host/self_cognition.py
 
-(``twinkle-server launch --local ...`` serves the same applications in one process, without Ray.)
+On a CPU machine (see docs/cookbook.md): the tiny config and ``TWINKLE_BASE_MODEL=tiny/qwen3.5``.
 Run it again to see Step 2 list the runs and checkpoints of the first run.
 """
 
 # ruff: noqa: E402, I001 - the documented example, imports as the docs show them
+import os
+
 import dotenv
 
 dotenv.load_dotenv(".env")
@@ -31,10 +39,10 @@ from twinkle_client.model import MultiLoraTransformersModel
 
 logger = get_logger()
 
-base_model = "tiny/qwen3.5"  # the seed: 'Qwen/Qwen3.5-4B'
-model_id = "tiny://qwen3.5"  # the seed: f'ms://{base_model}' (tiny models resolve offline)
-base_url = "http://localhost:8000"
-api_key = "EMPTY_API_KEY"
+base_model = os.environ.get("TWINKLE_BASE_MODEL", "Qwen/Qwen3.5-4B")
+base_url = os.environ.get("TWINKLE_SERVER_URL", "http://localhost:8000")
+api_key = os.environ.get("TWINKLE_SERVER_TOKEN", "EMPTY_API_KEY")
+max_steps = int(os.environ.get("TWINKLE_MAX_STEPS", "0"))  # per epoch; 0: the whole data set
 
 # Step 1: 初始化客户端
 client = init_twinkle_client(base_url=base_url, api_key=api_key)
@@ -57,10 +65,10 @@ for run in runs:
 
 # Step 3: 准备数据集
 # data_slice 可限制加载的数据量
-dataset = Dataset(dataset_meta=DatasetMeta("builtin://self-cognition", data_slice=range(64)))
+dataset = Dataset(dataset_meta=DatasetMeta("ms://swift/self-cognition", data_slice=range(500)))
 
 # 设置 chat 模板，使数据匹配模型的输入格式
-dataset.set_template("Qwen3_5Template", model_id=model_id, max_length=512)
+dataset.set_template("Qwen3_5Template", model_id=f"ms://{base_model}", max_length=512)
 
 # 数据预处理：替换占位符为自定义名称
 dataset.map(
@@ -80,7 +88,7 @@ dataset.encode(batched=True)
 dataloader = DataLoader(dataset=dataset, batch_size=4)
 
 # Step 4: 配置模型
-model = MultiLoraTransformersModel(model_id=model_id)
+model = MultiLoraTransformersModel(model_id=f"ms://{base_model}")
 
 # 配置 LoRA：对所有线性层应用低秩适配器
 lora_config = LoraConfig(target_modules="all-linear")
@@ -112,6 +120,8 @@ logger.info(model.get_train_configs().model_dump())
 for epoch in range(3):
     logger.info(f"Starting epoch {epoch}")
     for cur_step, batch in enumerate(dataloader, start=start_step + 1):
+        if max_steps and cur_step > start_step + max_steps:
+            break
         # 前向传播 + 反向传播
         model.forward_backward(inputs=batch)
 

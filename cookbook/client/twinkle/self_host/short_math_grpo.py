@@ -10,9 +10,12 @@ Python here):
     model.forward_backward(inputs=responses.features(), advantages=advantages)
     model.clip_grad_and_step()
 
-    TWINKLE_SERVER_API_KEYS=EMPTY_API_KEY \
-        twinkle-server launch -c cookbook/client/server/tiny/server_config.yaml
+    export TWINKLE_SERVER_API_KEYS=EMPTY_API_KEY
+    twinkle-server launch -c cookbook/client/server/transformer/server_config.yaml
     python cookbook/client/twinkle/self_host/short_math_grpo.py
+
+TWINKLE_MAX_STEPS: GRPO steps (default 6); TWINKLE_WARMUP_STEPS: SFT warm-up steps (default 30);
+TWINKLE_SERVER_URL, TWINKLE_SERVER_TOKEN and TWINKLE_BASE_MODEL as in self_cognition.py.
 """
 
 import os
@@ -26,11 +29,11 @@ from twinkle_client.data_format import Message, Trajectory
 from twinkle_client.model import MultiLoraTransformersModel
 from twinkle_client.sampler import TorchSampler
 
-base_model = "tiny://qwen3.5"  # the seed: 'ms://Qwen/Qwen3.5-4B'
+base_model = os.environ.get("TWINKLE_BASE_MODEL", "Qwen/Qwen3.5-4B")
 base_url = os.environ.get("TWINKLE_SERVER_URL", "http://localhost:8000")
 api_key = os.environ.get("TWINKLE_SERVER_TOKEN", "EMPTY_API_KEY")
-warmup_steps = int(os.environ.get("WARMUP_STEPS", 30))
-grpo_steps = int(os.environ.get("GRPO_STEPS", 6))
+warmup_steps = int(os.environ.get("TWINKLE_WARMUP_STEPS", "30"))
+grpo_steps = int(os.environ.get("TWINKLE_MAX_STEPS", "6"))
 prompts_per_step = 4
 num_samples = 4  # the GRPO group size
 rng = random.Random(0)
@@ -65,13 +68,13 @@ pairs = [(a, b) for a in range(3) for b in range(3)]
 client = init_twinkle_client(base_url=base_url, api_key=api_key)
 
 # The trainer: adapter "math" on the server's shared base model.
-model = MultiLoraTransformersModel(model_id=base_model)
+model = MultiLoraTransformersModel(model_id=f"ms://{base_model}")
 model.add_adapter_to_model("math", {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"})
 model.set_template("Qwen3_5Template")
 model.set_optimizer("Adam", lr=5e-3)
 
 # The sampler: same base model, adapters loaded from the checkpoints model.save returns.
-sampler = TorchSampler(model_id=base_model)
+sampler = TorchSampler(model_id=f"ms://{base_model}")
 sampler.set_template("Qwen3_5Template")
 
 # SFT warm-up on the answer format.
