@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 from tests.model.conftest import make_batch
 from twinkle.errors import InvalidArgumentError
 from twinkle.model import MultiLoraTransformersModel
-from twinkle.model.lora import RowRoute
+from twinkle.model.lora import RowRoute, adapter_spec_from_config
 from twinkle.model.lora_fields import PEFT_DEFAULTS, _same
 from twinkle.model.mock import MockModel
 
@@ -299,3 +299,16 @@ def test_a_peft_written_adapter_loads_and_trains(model, tmp_path):
     model.clip_grad_and_step(adapter_name="t")
     after = model.adapter_state_dict("t")
     assert all(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_a_peft_directory_is_a_config(model, tmp_path):
+    config = LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj"], rank_pattern={"q_proj": 2})
+    config.save_pretrained(tmp_path)
+    model.add_adapter_to_model("t", tmp_path)
+    expected = adapter_spec_from_config("t", LoraConfig.from_pretrained(tmp_path), seed=model.seed)
+    assert model.tenant("t").spec == expected
+    with pytest.raises(InvalidArgumentError, match="cannot read"):
+        model.add_adapter_to_model("u", tmp_path / "missing")
+    mock = MockModel()
+    mock.add_adapter_to_model("t", str(tmp_path))
+    assert mock.get_train_configs("t").model_dump()["lora_alpha"] == 16

@@ -10,6 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 from twinkle_client._wire import jsonable, training_inputs
 from twinkle_client.client import TwinkleClient, get_default_client
+from twinkle_client.model._adapter_files import (
+    adapter_directory,
+    is_server_path,
+    read_adapter_config,
+    upload_body,
+)
 from twinkle_client.model.adam import AdamParams
 from twinkle_client.model.metrics import Metric
 from twinkle_client.types import TrainConfigs
@@ -92,7 +98,9 @@ class MultiLoraTransformersModel:
         gradient_accumulation_steps: int = 1,
         **kwargs: Any,
     ) -> None:
-        """Create this tenant's adapter ``adapter_name`` on the server (``peft.LoraConfig`` or dict).
+        """Create this tenant's adapter ``adapter_name`` on the server: ``config`` is a
+        ``peft.LoraConfig``, a dict, or a PEFT adapter directory on this machine (its
+        ``adapter_config.json`` is read here and sent).
 
         Raises:
             BadRequestError: Duplicate name, a rank over the server's limit, bad arguments.
@@ -275,8 +283,36 @@ class MultiLoraTransformersModel:
         return reply["path"]
 
     def load(self, path: str | os.PathLike, adapter_name: str | None = None, **kwargs: Any) -> None:
-        """Load adapter weights only from one of this key's ``twinkle://`` checkpoints."""
-        self._call("load", adapter_name, path=str(path), **kwargs)
+        """Load adapter weights only (no optimizer or progress) into the tenant's adapter.
+
+        The path's form says where the checkpoint is: a ``twinkle://`` (or ``tinker://``) path
+        is one of this key's checkpoints on the server; any other path is a PEFT adapter
+        directory on this machine (``save_pretrained``'s, or a local Twinkle ``save``'s). Its
+        ``adapter_config.json`` and ``adapter_model.safetensors`` (no other file) are uploaded;
+        the server checks them against the adapter (config fields, base model, rank and scaling
+        per module, every tensor's key and shape), loads them and keeps them as this key's
+        checkpoint ``twinkle://<run>/weights/<name>``. A refused upload changes nothing.
+
+        Args:
+            path: A ``twinkle://`` checkpoint path or a local adapter directory.
+            adapter_name: The tenant's adapter (created beforehand, e.g. with
+                ``add_adapter_to_model(name, LoraConfig.from_pretrained(path))``).
+            **kwargs: For a local directory, ``name=`` the checkpoint name on the server
+                (default: the directory's name).
+
+        Raises:
+            FileNotFoundError: A local path that is not an adapter directory.
+            BadRequestError: The server refused the files (the message names what differs), or
+                they are over its ``max_request_bytes`` (base64 makes them a third larger).
+            NotFoundError: A ``twinkle://`` path that is not a checkpoint of this key.
+        """
+        if is_server_path(path):
+            self._call("load", adapter_name, path=str(path), **kwargs)
+            return
+        body = upload_body(adapter_directory(path), kwargs.pop("name", None))
+        if kwargs:
+            raise TypeError(f"unexpected arguments for a local directory: {', '.join(kwargs)}")
+        self._call("upload_adapter", adapter_name, **body)
 
     def resume_from_checkpoint(
         self, path: str | os.PathLike, adapter_name: str | None = None
@@ -331,10 +367,13 @@ class TransformersModel(MultiLoraTransformersModel):
 
 
 def lora_config_dict(config: Any) -> dict[str, Any]:
-    """A ``peft.LoraConfig``, dict or simple object as a JSON dict, without importing peft."""
+    """A ``peft.LoraConfig``, dict, simple object or local adapter directory as a JSON dict,
+    without importing peft."""
     if config is None:
         return {}
-    if isinstance(config, dict):
+    if isinstance(config, (str, os.PathLike)):
+        values = read_adapter_config(config)
+    elif isinstance(config, dict):
         values = dict(config)
     elif hasattr(config, "to_dict"):
         values = config.to_dict()

@@ -8,7 +8,10 @@ saying why. Torch-free: the mock backend applies the same rule.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from twinkle.errors import InvalidArgumentError
@@ -118,6 +121,32 @@ _NOT_IMPLEMENTED = "this LoRA variant is not implemented by Twinkle's multi-LoRA
 
 #: ``init_lora_weights`` modes that subtract the initial adapter from the base weight.
 BASE_REWRITING_INITS = ("pissa", "olora", "loftq", "corda", "lora_ga")
+
+
+def config_values(config: Any) -> dict[str, Any]:
+    """An adapter config's fields: a ``peft.LoraConfig`` (``to_dict()``), a dict, a simple
+    object, or a PEFT adapter directory (its ``adapter_config.json``, as
+    ``LoraConfig.from_pretrained(directory)`` reads it).
+
+    Raises:
+        InvalidArgumentError: A directory without a readable ``adapter_config.json`` object.
+    """
+    if isinstance(config, (str, os.PathLike)):
+        path = Path(config).expanduser() / "adapter_config.json"
+        try:
+            values = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise InvalidArgumentError(
+                f"config {str(config)!r}: cannot read {path}: {exc}"
+            ) from None
+        if not isinstance(values, dict):
+            raise InvalidArgumentError(f"{path}: not a JSON object")
+        return values
+    if isinstance(config, dict):
+        return dict(config)
+    if hasattr(config, "to_dict"):
+        return config.to_dict()
+    return dict(vars(config))
 
 
 def check_lora_fields(values: dict[str, Any], adapter: str) -> None:

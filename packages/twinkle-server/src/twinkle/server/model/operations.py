@@ -16,6 +16,7 @@ from twinkle.model.protocol import AdamParams
 from twinkle.server.encoding import jsonable
 from twinkle.server.errors import BadRequest
 from twinkle.server.model import protocol as p
+from twinkle.server.model.adapter_upload import upload_adapter
 from twinkle.server.model.protocol import Call, Operation, OperationTable
 from twinkle.server.state import validate_checkpoint_name
 
@@ -117,7 +118,7 @@ def add_adapter_to_model(service: ModelService, call: Call, request: p.AddAdapte
     except Exception:
         service.model.remove_adapter(adapter_name=call.internal)
         raise
-    service.adapter_added(call, run_id, request.rank, request.session_id)
+    service.adapter_added(call, run_id, request.rank, request.session_id, config)
     return {"adapter_name": call.name, "training_run_id": run_id}
 
 
@@ -256,6 +257,7 @@ def native_operations() -> OperationTable:
             op("get_train_configs", p.Empty, get_train_configs),
             op("save", p.Save, save),
             op("load", p.FromCheckpoint, _from_checkpoint("load")),
+            op("upload_adapter", p.UploadAdapter, upload_adapter),
             op(
                 "resume_from_checkpoint",
                 p.FromCheckpoint,

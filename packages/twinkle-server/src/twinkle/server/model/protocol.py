@@ -151,6 +151,14 @@ class FromCheckpoint(Request):
         return self.path or self.checkpoint_dir
 
 
+class UploadAdapter(Request):
+    """A PEFT adapter directory's files, base64-encoded by file name, to load into the caller's
+    adapter and keep as its checkpoint ``name`` (see ``twinkle.server.model.adapter_upload``)."""
+
+    name: str = Field(min_length=1)
+    files: dict[str, str]
+
+
 class UploadToHub(Request):
     """Upload one of the caller's own ``twinkle://`` checkpoints to the ModelScope hub."""
 
@@ -271,5 +279,6 @@ __all__ = [
     "SetProcessor",
     "SetTemplate",
     "Training",
+    "UploadAdapter",
     "UploadToHub",
 ]

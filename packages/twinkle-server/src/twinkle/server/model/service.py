@@ -8,7 +8,7 @@ import hashlib
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from twinkle.model.protocol import capabilities_of
@@ -54,6 +54,8 @@ class AdapterEntry:
     losses: int = 0
     last_loss: float | None = None
     first_trained_at: float | None = None
+    # The LoraConfig fields it was created with (an uploaded adapter is checked against them).
+    lora_config: dict[str, Any] = field(default_factory=dict)
 
 
 class ModelService:
@@ -229,10 +231,25 @@ class ModelService:
             raise self._missing(call)
         return entry
 
-    def adapter_added(self, call: Call, run_id: str, rank: int, session_id: str | None) -> None:
+    def adapter_added(
+        self,
+        call: Call,
+        run_id: str,
+        rank: int,
+        session_id: str | None,
+        lora_config: dict[str, Any] | None = None,
+    ) -> None:
         now = self.clock()
         self.adapters[call.internal] = AdapterEntry(
-            call.owner, call.name, call.internal, run_id, rank, session_id, now, now
+            call.owner,
+            call.name,
+            call.internal,
+            run_id,
+            rank,
+            session_id,
+            now,
+            now,
+            lora_config=dict(lora_config or {}),
         )
         self.unloaded.pop(call.internal, None)
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from twinkle.errors import InvalidArgumentError
-from twinkle.model.lora_fields import check_init, check_lora_fields
+from twinkle.model.lora_fields import check_init, check_lora_fields, config_values
 
 _ADAPTER_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
@@ -87,7 +87,8 @@ def _pattern_key(patterns: dict[str, Any], module_name: str) -> str:
 
 
 def adapter_spec_from_config(name: str, config: Any, seed: int = 0) -> AdapterSpec:
-    """Build an :class:`AdapterSpec` from a ``peft.LoraConfig``, a dict or a simple object.
+    """Build an :class:`AdapterSpec` from a ``peft.LoraConfig``, a dict, a simple object or a
+    PEFT adapter directory (its ``adapter_config.json``).
 
     ``target_modules`` left unset means ``'all-linear'``. A dict may carry ``seed`` (the
     adapter's init seed, instead of ``seed``).
@@ -101,12 +102,7 @@ def adapter_spec_from_config(name: str, config: Any, seed: int = 0) -> AdapterSp
         from peft import LoraConfig
 
         config = LoraConfig()
-    if isinstance(config, dict):
-        values = dict(config)
-    elif hasattr(config, "to_dict"):
-        values = config.to_dict()
-    else:
-        values = dict(vars(config))
+    values = config_values(config)
     check_lora_fields(values, name)
     r = _rank(values.get("r", 8), name, "r")
     alpha = _alpha(values.get("lora_alpha", 8), name, "lora_alpha")

@@ -9,28 +9,21 @@ from typing import Any
 import numpy as np
 
 from twinkle.errors import InvalidArgumentError
-from twinkle.model.lora_fields import check_init, check_lora_fields
+from twinkle.model.lora_fields import check_init, check_lora_fields, config_values
 from twinkle.model.mock._optim import LRSchedule, NumpyOptimizer
 
 SUPPORTED_LOSSES = ("CrossEntropyLoss", "cross_entropy", "importance_sampling")
 
 
 def read_lora_config(config: Any, name: str = "adapter") -> tuple[int, float, bool]:
-    """Read ``(r, lora_alpha, use_rslora)`` from a peft LoraConfig, a dict or any object with
-    those attributes; peft's defaults (r=8, lora_alpha=8) fill what is missing.
+    """Read ``(r, lora_alpha, use_rslora)`` from a peft LoraConfig, a dict, any object with
+    those attributes or a PEFT adapter directory; peft's defaults (r=8, lora_alpha=8) fill what is missing.
 
     The mock refuses the LoraConfig fields every backend refuses
     (:func:`twinkle.model.lora_fields.check_lora_fields`); of the honoured ones it models rank,
     alpha and rsLoRA scaling (its one adapted layer has no names to select or pattern-match).
     """
-    if config is None:
-        values: dict[str, Any] = {}
-    elif isinstance(config, dict):
-        values = dict(config)
-    elif hasattr(config, "to_dict"):
-        values = config.to_dict()
-    else:
-        values = dict(vars(config))
+    values: dict[str, Any] = {} if config is None else config_values(config)
     check_lora_fields(values, name)
     check_init(values.get("init_lora_weights", True), name)
     rank, alpha = values.get("r", 8), values.get("lora_alpha", 8)

@@ -132,7 +132,8 @@ class MultiLoraTransformersModel:
         gradient_accumulation_steps: int = 1,
         **kwargs: Any,
     ) -> None:
-        """Create tenant ``adapter_name`` with its own LoRA adapter (``peft.LoraConfig``).
+        """Create tenant ``adapter_name`` with its own LoRA adapter: ``config`` is a
+        ``peft.LoraConfig``, a dict, or a PEFT adapter directory (its ``adapter_config.json``).
 
         Raises:
             ValueError: Duplicate name, rank <= 0, bad accumulation steps, or no matching module.
