@@ -23,7 +23,12 @@ def no_network(monkeypatch):
 
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket, "create_connection", refuse)
-    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "MODELSCOPE_OFFLINE", "HF_DATASETS_OFFLINE"):
+    for name in (
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "MODELSCOPE_OFFLINE",
+        "HF_DATASETS_OFFLINE",
+    ):
         monkeypatch.setenv(name, "1")
 
 

@@ -200,7 +200,9 @@ def test_every_third_party_import_is_declared(dist):
     stdlib = set(sys.stdlib_module_names)
     installed = _closure(dist)
     missing = []
-    for module in sorted(_top_level_imports(SOURCES[dist]) - stdlib - OPTIONAL_IMPORTS - OPTIONAL_BY_DIST[dist]):
+    for module in sorted(
+        _top_level_imports(SOURCES[dist]) - stdlib - OPTIONAL_IMPORTS - OPTIONAL_BY_DIST[dist]
+    ):
         if module in ("twinkle", "twinkle_client", "__future__"):
             continue
         owners = {d.lower().replace("_", "-") for d in module_dists.get(module, [])}

@@ -43,7 +43,14 @@ def _free_port() -> int:
 def _ray_start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
     with open(log, "wb") as out:
         return subprocess.Popen(
-            [RAY, "start", "--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats", *args],
+            [
+                RAY,
+                "start",
+                "--block",
+                "--node-ip-address=127.0.0.1",
+                "--disable-usage-stats",
+                *args,
+            ],
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -71,7 +78,9 @@ def cluster(tmp_path_factory):
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     temp = Path(tempfile.mkdtemp(prefix="twp", dir="/tmp"))  # Ray's socket paths are bounded
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "TWINKLE_SERVER_API_KEYS")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "TWINKLE_SERVER_API_KEYS")
+    }
     env.update(
         RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled", MODELSCOPE_CACHE=str(cache),
         MODELSCOPE_OFFLINE="1", HF_HUB_OFFLINE="1", RAY_SERVE_ENABLE_DIRECT_INGRESS="0",
@@ -85,15 +94,20 @@ def cluster(tmp_path_factory):
         deadline = time.monotonic() + 90
         while not (temp / "ray_current_cluster").exists():
             assert nodes[0].poll() is None and time.monotonic() < deadline, (
-                (temp / "head.log").read_text()[-2000:]
-            )
+                temp / "head.log"
+            ).read_text()[-2000:]
             time.sleep(0.2)
         import ray
 
         ray.init(address=f"127.0.0.1:{port}", log_to_driver=False, namespace="placement-test")
         # One raylet at a time: two starting at once on 2 cores can time out their registration.
-        for args, name in ((["--num-gpus=4", "--num-cpus=8"], "gpu"), (["--num-gpus=0", "--num-cpus=2"], "cpu")):
-            nodes.append(_ray_start([f"--address=127.0.0.1:{port}", *args], env, temp / f"{name}.log"))
+        for args, name in (
+            (["--num-gpus=4", "--num-cpus=8"], "gpu"),
+            (["--num-gpus=0", "--num-cpus=2"], "cpu"),
+        ):
+            nodes.append(
+                _ray_start([f"--address=127.0.0.1:{port}", *args], env, temp / f"{name}.log")
+            )
             deadline = time.monotonic() + 180
             while len([n for n in ray.nodes() if n["Alive"]]) < len(nodes):
                 assert nodes[-1].poll() is None and time.monotonic() < deadline, (

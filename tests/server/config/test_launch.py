@@ -183,7 +183,9 @@ def test_every_application_reserves_its_device_group():
     assert "num_gpus" not in deployment_options(model, "ModelManagement")["ray_actor_options"]
     assert worker_options(model) == {"num_gpus": 1.0, "nproc_per_node": 2}
     processor = seed.applications_of("processor")[0]
-    assert "num_gpus" not in deployment_options(processor, "ProcessorManagement")["ray_actor_options"]
+    assert (
+        "num_gpus" not in deployment_options(processor, "ProcessorManagement")["ray_actor_options"]
+    )
 
 
 @pytest.mark.unit

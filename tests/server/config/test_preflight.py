@@ -96,7 +96,9 @@ def test_megatron_without_megatron_core(monkeypatch):
     _sampler(data)["args"]["model_id"] = "tiny://qwen3"
     data["applications"][0]["args"]["server_config"]["supported_models"].remove("tiny/qwen3.5")
     real = preflight._installed
-    monkeypatch.setattr(preflight, "_installed", lambda m: False if m == "megatron.core" else real(m))
+    monkeypatch.setattr(
+        preflight, "_installed", lambda m: False if m == "megatron.core" else real(m)
+    )
     (problem,) = _problems(data)
     assert "pip install megatron-core" in problem and "backend: transformers" in problem
 
@@ -191,7 +193,9 @@ def test_an_override_reaches_the_named_application(monkeypatch):
 
     from twinkle.server.config import load_config
 
-    name = next(a["name"] for a in tiny_config_data()["applications"] if a["import_path"] == "sampler")
+    name = next(
+        a["name"] for a in tiny_config_data()["applications"] if a["import_path"] == "sampler"
+    )
     config = load_config(TINY, overrides=[f"applications.{name}.args.sampler_type=mock",
                                           "http_options.port=8123"])  # fmt: skip
     assert config.application(name).args.sampler_type == "mock"

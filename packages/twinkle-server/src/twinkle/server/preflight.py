@@ -25,9 +25,7 @@ NO_KEYS = (
 )
 
 
-def preflight_problems(
-    config: ServerConfig, environ: Mapping[str, str] | None = None
-) -> list[str]:
+def preflight_problems(config: ServerConfig, environ: Mapping[str, str] | None = None) -> list[str]:
     """Every reason ``config`` cannot launch from this machine, as ``'<where>: <what and fix>'``."""
     environ = os.environ if environ is None else environ
     problems = _auth_problems(config, environ)

@@ -100,7 +100,9 @@ class DataParallelModel:
         self.resources = (
             resources if resources is not None else (dict(group.resources or {}) if group else {})
         )
-        self.num_gpus = num_gpus if num_gpus is not None else (1 if self.device_type == "cuda" else 0)
+        self.num_gpus = (
+            num_gpus if num_gpus is not None else (1 if self.device_type == "cuda" else 0)
+        )
         self._packing = None
         if nproc_per_node and self._placement_group is None:
             from twinkle.parallel.placement import NodePacking

@@ -119,8 +119,13 @@ def config_from_groups(
                 "name": "processor",
                 "route_prefix": "/api/v1/processor",
                 "import_path": "processor",
-                "args": {"device_group": {"name": cpu_group.name, "ranks": int(cpu_group.ranks),
-                                          "device_type": "cpu"}},  # fmt: skip
+                "args": {
+                    "device_group": {
+                        "name": cpu_group.name,
+                        "ranks": int(cpu_group.ranks),
+                        "device_type": "cpu",
+                    }
+                },  # fmt: skip
                 "deployments": _deployment("ProcessorManagement", cpu_group),
             }
         )
