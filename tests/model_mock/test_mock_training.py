@@ -177,3 +177,10 @@ def test_lr_schedules():
     assert state.current_lr() == pytest.approx(0.0)
     model.set_lr_scheduler("constant")
     assert state.current_lr() == pytest.approx(1e-2)
+
+
+def test_a_trajectory_is_refused_naming_the_mock_backend():
+    model = _model()
+    trajectory = {"messages": [{"role": "user", "content": "1+1="}]}
+    with pytest.raises(ValueError, match="mock backend trains on encoded rows only"):
+        model.forward_backward([trajectory])

@@ -36,6 +36,12 @@ def flatten(rows: list[dict], vocab_size: int) -> Batch:
     """
     ids, targets, row_index, lengths = [], [], [], []
     for i, row in enumerate(rows):
+        if "input_ids" not in row:
+            # A trajectory (messages): the mock backend has no template to encode it with.
+            raise InvalidArgumentError(
+                f"row {i} has no input_ids: the mock backend trains on encoded rows only "
+                "(encode with a Template on the client, or serve backend: transformers)"
+            )
         row_ids = np.asarray(row["input_ids"], dtype=np.int64).reshape(-1)
         labels = np.asarray(row.get("labels", row_ids), dtype=np.int64).reshape(-1)
         if labels.shape != row_ids.shape:
