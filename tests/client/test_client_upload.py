@@ -65,13 +65,13 @@ def test_the_callers_modelscope_key_publishes_the_adapter_files(hub, saved):
     assert hub.tokens_used() == {KEYS["alice"]}
 
 
-def test_a_server_token_is_used_when_configured(hub, saved, monkeypatch):
+def test_the_callers_key_comes_first_even_with_a_server_token(hub, saved, monkeypatch):
     model, path, directory = saved
     monkeypatch.setenv("MODELSCOPE_API_TOKEN", "ms-server")
-    reply = model.upload_to_hub(checkpoint_dir=path, hub_model_id="twinkle-bot/shared")
-    assert reply["token"] == "server"
-    assert hub.files["twinkle-bot/shared"] == _sent(directory)
-    assert hub.tokens_used() == {"ms-server"}  # alice's key was not even offered
+    reply = model.upload_to_hub(checkpoint_dir=path, hub_model_id="alice/first")
+    assert reply["token"] == "caller"  # the seed's rule (hub.caller_key: first, the default)
+    assert hub.files["alice/first"] == _sent(directory)
+    assert hub.tokens_used() == {KEYS["alice"]}
 
 
 def test_async_upload_returns_at_once_and_finishes(hub, saved):

@@ -5,9 +5,10 @@ upload itself is :func:`twinkle.hub.upload.upload_to_hub`.
 
 The token rule (``hub.caller_key`` in the server config):
 
-- ``if_no_server_token`` (default): the server's own token (``$MODELSCOPE_API_TOKEN``, or the
-  variable ``hub.token_env`` names); only a server without one offers the caller's API key.
-- ``first``: the caller's API key first; the server's token when the hub does not accept it.
+- ``first`` (default, the seed's rule: "set a valid ModelScope token as the api_key"): the
+  caller's API key first; the server's token when the hub does not accept it.
+- ``if_no_server_token``: the server's own token (``$MODELSCOPE_API_TOKEN``, or the variable
+  ``hub.token_env`` names); only a server without one offers the caller's API key.
 - ``never``: the server's token only.
 
 "The caller's API key" is the key of the request itself (``X-API-Key`` or ``Authorization:
@@ -60,7 +61,7 @@ class HubPublisher:
     endpoint: str | None = None
     token_env: str = "MODELSCOPE_API_TOKEN"
     namespace: str | None = None
-    caller_key: str = "if_no_server_token"
+    caller_key: str = "first"
     private: bool = True
 
     @classmethod

@@ -143,9 +143,10 @@ class HubConfig(StrictModel):
         "$TWINKLE_HUB_NAMESPACE, else the token's user)",
     )
     caller_key: Literal["if_no_server_token", "first", "never"] = Field(
-        default="if_no_server_token",
+        default="first",
         description="when the caller's API key is offered to the hub as its ModelScope token: "
-        "only when the server has no token, first (server's token as fallback), or never",
+        "first (the seed's rule; the server's token as fallback), only when the server has no "
+        "token, or never",
     )
     private: bool = Field(default=True, description="create new hub repositories private")
 
