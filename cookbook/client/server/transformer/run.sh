@@ -8,10 +8,16 @@ CONFIG="${1:-server_config.yaml}"   # or server_config_e2e.yaml (2 GPUs)
 
 export TWINKLE_TRUST_REMOTE_CODE="${TWINKLE_TRUST_REMOTE_CODE:-0}"
 export RAY_USAGE_STATS_ENABLED=0
+# API keys: the server refuses to start without any. The keys the clients send (the cookbook
+# scripts send EMPTY_API_KEY); the other two ways are auth.api_keys_file (one key a line) and
+# auth.api_keys in the YAML.
+export TWINKLE_SERVER_API_KEYS="${TWINKLE_SERVER_API_KEYS:-EMPTY_API_KEY}"
 
 twinkle-server check-config -c "$CONFIG"
 
 ray stop || true
 CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0,1,2,3}" ray start --head --num-gpus=4 --port=6379
 
+# Without vLLM (e.g. a CPU machine): add
+#   --set applications.sampler-Qwen3.5-4B.args.sampler_type=torch
 exec twinkle-server launch -c "$CONFIG" --namespace "${TWINKLE_RAY_NAMESPACE:-twinkle}"
