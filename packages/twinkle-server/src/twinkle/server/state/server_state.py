@@ -8,6 +8,7 @@ are written so that a crash between steps leaves only a stale pointer, never a l
 
 from __future__ import annotations
 
+from twinkle.server.state._activity import ActivityMixin
 from twinkle.server.state._checkpoints import CheckpointsMixin
 from twinkle.server.state._futures import FUTURE, FuturesMixin
 from twinkle.server.state._sessions import RUN, SAMPLING, SESSION, SessionsMixin
@@ -19,7 +20,7 @@ from twinkle.server.state.records import (
 )
 
 
-class ServerState(SessionsMixin, CheckpointsMixin, FuturesMixin):
+class ServerState(ActivityMixin, SessionsMixin, CheckpointsMixin, FuturesMixin):
     """All server records over one :class:`~twinkle.server.state.KVStore`.
 
     Args:
