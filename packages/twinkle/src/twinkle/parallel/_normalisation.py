@@ -31,7 +31,15 @@ from twinkle.loss.base import Loss
 logger = logging.getLogger("twinkle.parallel")
 
 SUM, TOKENS, ROWS, ROWS_X_SEQ = "sum", "tokens", "rows", "rows_x_seq"
-_SUM_LOSSES = {"cross_entropy", "importance_sampling", "ppo", "cispo", "dro"}
+_SUM_LOSSES = {
+    "cross_entropy",
+    "importance_sampling",
+    "ppo",
+    "cispo",
+    "dro",
+    "gspo",
+    "stable_reinforce",
+}
 _warned: set[str] = set()
 
 
