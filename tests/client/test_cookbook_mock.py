@@ -61,11 +61,6 @@ def test_unsupported_script_is_refused_naming_the_mock(mock_server, script, tmp_
     assert result.returncode != 0 and REFUSED[script] in result.stdout, result.stdout[-3000:]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="MockModel.get_train_configs returns loss/lr_scheduler/processor as strings, the "
-    "client's TrainConfigs expects dicts (library fix pending)",
-)
 def test_twinkle_self_cognition_runs(mock_server, tmp_path):
     result = run_script(
         "twinkle/self_host/self_cognition.py", mock_server, tmp_path, TWINKLE_SERVER_TOKEN=KEYS[-1]

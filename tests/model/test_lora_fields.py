@@ -311,4 +311,4 @@ def test_a_peft_directory_is_a_config(model, tmp_path):
         model.add_adapter_to_model("u", tmp_path / "missing")
     mock = MockModel()
     mock.add_adapter_to_model("t", str(tmp_path))
-    assert mock.get_train_configs("t").model_dump()["lora_alpha"] == 16
+    assert mock.get_train_configs("t").model_dump()["lora"]["lora_alpha"] == 16

@@ -8,7 +8,7 @@ import logging
 from fastapi import FastAPI
 
 from twinkle.server.context import ServerContext
-from twinkle.server.gateway.backends import Backends
+from twinkle.server.gateway.backends import Backends, unload_session_adapters
 from twinkle.server.gateway.routes_common import create_common_router
 from twinkle.server.web import install_error_handlers
 
@@ -35,14 +35,9 @@ async def expire_sessions(ctx: ServerContext, backends: Backends) -> list[str]:
     expired = ctx.state.expired_sessions(ctx.server_args.heartbeat_timeout_s)
     for session in expired:
         ctx.state.finish_session(session.owner, session.session_id)
-        for client in backends.models.values():
-            unload = getattr(client, "unload_session", None)
-            if unload is not None:
-                names = await unload(session.session_id)
-                if names:
-                    logger.info(
-                        "session %s expired: unloaded %s", session.session_id, ", ".join(names)
-                    )
+        names = await unload_session_adapters(backends, session.session_id)
+        if names:
+            logger.info("session %s expired: unloaded %s", session.session_id, ", ".join(names))
     return [s.session_id for s in expired]
 
 

@@ -77,3 +77,13 @@ class Backends:
                 f"no sampler for base model {base_model!r}; samplers: {', '.join(self.samplers) or 'none'}"
             )
         return self.samplers[base_model]
+
+
+async def unload_session_adapters(backends: Backends, session_id: str) -> list[str]:
+    """Unload every adapter ``session_id`` created, on every model; returns their names."""
+    names: list[str] = []
+    for client in backends.models.values():
+        unload = getattr(client, "unload_session", None)
+        if unload is not None:
+            names += await unload(session_id) or []
+    return names

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Query, Request
 
 from twinkle.server.context import ServerContext
 from twinkle.server.errors import BadRequest
-from twinkle.server.gateway.backends import Backends
+from twinkle.server.gateway.backends import Backends, unload_session_adapters
 from twinkle.server.gateway.route_table import route_table
 from twinkle.server.web import read_json
 
@@ -107,6 +107,9 @@ def create_common_router(ctx: ServerContext, backends: Backends) -> APIRouter:
     async def finish(session_id: str, request: Request) -> dict:
         owner = ctx.authenticate(request.headers)
         state.finish_session(owner, session_id)
+        # A finished session's adapters stop counting against the key's per_token_model_limit
+        # now, not after adapter_timeout.
+        await unload_session_adapters(backends, session_id)
         return {"session_id": session_id, "finished": True}
 
     @router.get("/training_runs")

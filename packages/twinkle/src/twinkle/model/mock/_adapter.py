@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,29 +30,6 @@ def read_lora_config(config: Any, name: str = "adapter") -> tuple[int, float, bo
     if int(rank) <= 0:
         raise InvalidArgumentError(f"LoRA rank must be positive, got {rank!r}")
     return int(rank), float(alpha), bool(values.get("use_rslora", False))
-
-
-@dataclass
-class TrainConfigs:
-    """A snapshot of one adapter's training settings (``model_dump()`` as in pydantic)."""
-
-    adapter_name: str
-    model_id: str
-    r: int
-    lora_alpha: float
-    gradient_accumulation_steps: int
-    loss: str
-    loss_kwargs: dict
-    optimizer: dict | None
-    lr_scheduler: str
-    lr_scheduler_kwargs: dict
-    template: str | None
-    processor: str | None
-
-    def model_dump(self, **_: object) -> dict:
-        """Return the settings as a plain dict (pydantic's options, e.g. ``mode``, change nothing
-        for these plain values)."""
-        return asdict(self)
 
 
 @dataclass

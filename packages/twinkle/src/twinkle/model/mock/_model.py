@@ -10,11 +10,12 @@ import numpy as np
 from twinkle.errors import InvalidArgumentError, StateOrderError, UnknownAdapterError
 from twinkle.model.mock import _checkpoint as ckpt
 from twinkle.model.mock import _lora
-from twinkle.model.mock._adapter import AdapterState, MetricResult, TrainConfigs
+from twinkle.model.mock._adapter import AdapterState, MetricResult
 from twinkle.model.mock._batch import Batch, flatten, per_row
 from twinkle.model.mock._optim import LRSchedule, NumpyOptimizer
 from twinkle.model.protocol import AdamParams, Capabilities
 from twinkle.model.protocol import adam_params as adam_params_of
+from twinkle_client.types import TrainConfigs
 
 
 class MockModel:
@@ -204,19 +205,18 @@ class MockModel:
     def get_train_configs(self, adapter_name: str | None = None) -> TrainConfigs:
         """The adapter's training settings."""
         s = self._resolve(adapter_name)
+        # The same shape as the torch backends' (twinkle_client.types.TrainConfigs), so a script
+        # reading it runs against either.
         return TrainConfigs(
             adapter_name=s.name,
             model_id=self.model_id,
-            r=s.rank,
-            lora_alpha=s.alpha,
+            lora={"r": s.rank, "lora_alpha": s.alpha},
             gradient_accumulation_steps=s.gradient_accumulation_steps,
-            loss=s.loss_name,
-            loss_kwargs=dict(s.loss_kwargs),
+            loss={"name": s.loss_name, **s.loss_kwargs},
             optimizer=s.optimizer.config() if s.optimizer else None,
-            lr_scheduler=s.schedule.name,
-            lr_scheduler_kwargs=dict(s.schedule.kwargs),
+            lr_scheduler={"name": s.schedule.name, **s.schedule.kwargs},
             template=s.template,
-            processor=s.processor,
+            processor={"name": s.processor} if s.processor else None,
         )
 
     # Checkpoints.
