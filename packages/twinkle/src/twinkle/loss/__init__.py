@@ -8,6 +8,7 @@ Tinker token losses ``cross_entropy``, ``importance_sampling``, ``ppo``, ``cispo
 from twinkle.loss.base import Loss, LossInputs, LossOutput
 from twinkle.loss.cross_entropy import CrossEntropyLoss
 from twinkle.loss.dpo import DPOLoss
+from twinkle.loss.fx_graph import CustomGraphLoss
 from twinkle.loss.grpo import GRPOLoss
 from twinkle.loss.gspo import GSPOLoss
 from twinkle.loss.registry import get_loss, known_losses, loss_from_spec, register_loss
@@ -23,6 +24,7 @@ from twinkle.loss.tinker import (
 __all__ = [
     "CISPOLoss",
     "CrossEntropyLoss",
+    "CustomGraphLoss",
     "DPOLoss",
     "DROLoss",
     "GRPOLoss",
