@@ -206,9 +206,20 @@ def _result(wire: dict[str, Any]) -> SampleResult:
                 logprobs=list(s.get("logprobs") or []),
                 stop_reason=s["stop_reason"],
                 text=s.get("text", ""),
+                topk_logprobs=_pairs(s.get("topk_logprobs")),
             )
             for s in wire["sequences"]
         ],
         prompt_logprobs=wire.get("prompt_logprobs"),
         extra=dict(wire.get("extra") or {}),
+        topk_prompt_logprobs=_pairs(wire.get("topk_prompt_logprobs")),
+        target_prompt_logprobs=wire.get("target_prompt_logprobs"),
+        prompt_alt_tokens=_pairs(wire.get("prompt_alt_tokens")),
     )
+
+
+def _pairs(rows: Any) -> Any:
+    """JSON ``[[id, logprob], ...]`` rows back to ``(id, logprob)`` tuples (``None`` rows kept)."""
+    if rows is None:
+        return None
+    return [None if row is None else [(int(t), float(lp)) for t, lp in row] for row in rows]

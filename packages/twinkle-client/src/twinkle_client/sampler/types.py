@@ -40,6 +40,18 @@ class SamplingParams:
         repetition_penalty: > 1 discourages tokens already in the prompt or the completion.
         logprobs: Return the log-probability of each sampled token.
         prompt_logprobs: Return the log-probability of each prompt token (``None`` at 0).
+        topk_logprobs: With ``k > 0``, the ``k`` most likely tokens and their log-probs at every
+            generated position (``SampledSequence.topk_logprobs``).
+        topk_prompt_logprobs: With ``k > 0``, the same at every prompt position
+            (``SampleResult.topk_prompt_logprobs``).
+        prompt_logprobs_last_n: Score only the last ``n`` prompt tokens (prompt and top-k prompt
+            log-probs are ``None`` before them); ``1 <= n <= len(prompt) - 1``.
+        prompt_alt_tokens_k: With ``k > 0``, ``k`` independent draws (at ``temperature``) from
+            the next-token distribution at every prompt position after the first
+            (``SampleResult.prompt_alt_tokens``).
+        target_prompt_token_ids: Rows of token ids whose log-probs to return, row ``i`` scored at
+            prompt position ``i + 1`` (``-1`` asks for nothing); every input must then have
+            ``len(rows) + 1`` tokens (``SampleResult.target_prompt_logprobs``).
 
     Raises:
         ValueError: On a negative ``max_tokens`` or ``temperature``, ``top_p`` outside
@@ -57,8 +69,23 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logprobs: bool = True
     prompt_logprobs: bool = False
+    topk_logprobs: int = 0
+    topk_prompt_logprobs: int = 0
+    prompt_logprobs_last_n: int | None = None
+    prompt_alt_tokens_k: int = 0
+    target_prompt_token_ids: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.target_prompt_token_ids is not None:
+            rows = tuple(tuple(int(t) for t in row) for row in self.target_prompt_token_ids)
+            object.__setattr__(self, "target_prompt_token_ids", rows)
+        for name in ("topk_logprobs", "topk_prompt_logprobs", "prompt_alt_tokens_k"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        last_n = self.prompt_logprobs_last_n
+        if last_n is not None and (not isinstance(last_n, int) or last_n < 1):
+            raise ValueError(f"prompt_logprobs_last_n must be an integer >= 1, got {last_n!r}")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         object.__setattr__(self, "stop", stop)
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids or ()))
@@ -104,12 +131,15 @@ class SampledSequence:
             penalties), one per token; empty when ``logprobs=False``.
         stop_reason: ``'stop'`` (stop token or string) or ``'length'`` (``max_tokens`` reached).
         text: The decoded completion, special tokens and the stop string left out.
+        topk_logprobs: Per generated token, the ``topk_logprobs`` most likely
+            ``(token_id, logprob)`` pairs, most likely first; ``None`` when not asked for.
     """
 
     tokens: list[int]
     logprobs: list[float]
     stop_reason: StopReason
     text: str = ""
+    topk_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 def training_feature(prompt_tokens: list[int], sequence: SampledSequence) -> InputFeature:
@@ -141,12 +171,22 @@ class SampleResult(Mapping):
         sequences: ``num_samples`` completions.
         prompt_logprobs: Per prompt token (``None`` at position 0) when asked for, else ``None``.
         extra: The input's ``Trajectory.extra`` (e.g. a reference answer for a reward).
+        topk_prompt_logprobs: Per prompt token, its ``topk_prompt_logprobs`` most likely
+            ``(token_id, logprob)`` pairs, ``None`` where not scored (position 0, before the
+            last ``n``); ``None`` when not asked for.
+        target_prompt_logprobs: Per row of ``target_prompt_token_ids``, the log-prob of each id
+            (``0.0`` where the id is ``-1``); ``None`` when not asked for.
+        prompt_alt_tokens: Per prompt position after the first, ``prompt_alt_tokens_k`` drawn
+            ``(token_id, logprob)`` pairs; ``None`` when not asked for.
     """
 
     prompt_tokens: list[int]
     sequences: list[SampledSequence]
     prompt_logprobs: list[float | None] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    topk_prompt_logprobs: list[list[tuple[int, float]] | None] | None = None
+    target_prompt_logprobs: list[list[float]] | None = None
+    prompt_alt_tokens: list[list[tuple[int, float]]] | None = None
 
     def features(self) -> list[InputFeature]:
         """One training sample per sequence (see :func:`training_feature`)."""

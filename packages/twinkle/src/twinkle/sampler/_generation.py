@@ -24,6 +24,7 @@ class DecodeBatch:
         rows = len(prompt_lens)
         self.tokens: list[list[int]] = [[] for _ in range(rows)]
         self.logprobs: list[list[float]] = [[] for _ in range(rows)]
+        self.topk: list[list[list[tuple[int, float]]]] = [[] for _ in range(rows)]
         self.done = [False] * rows
         self.stop_text: list[int | None] = [None] * rows  # where a stop string starts in the text
 
@@ -76,8 +77,10 @@ class DecodeBatch:
         stop_ids: set[int],
         params: SamplingParams,
         template: Any,
+        topk_B: list[list[tuple[int, float]]] | None = None,
     ) -> None:
-        """Record each active row's token and check its stop conditions; extend the batch."""
+        """Record each active row's token (and top-k) and check its stop conditions; extend the
+        batch."""
         picked = picked_B.tolist()
         logprobs = logprobs_B.tolist()
         for b, token in enumerate(picked):
@@ -85,6 +88,8 @@ class DecodeBatch:
                 continue
             self.tokens[b].append(token)
             self.logprobs[b].append(logprobs[b])
+            if topk_B is not None:
+                self.topk[b].append(topk_B[b])
             if token in stop_ids:
                 self.done[b] = True
             elif params.stop:
@@ -111,6 +116,7 @@ class DecodeBatch:
                     logprobs=list(self.logprobs[b]) if params.logprobs else [],
                     stop_reason="stop" if self.done[b] else "length",
                     text=text,
+                    topk_logprobs=list(self.topk[b]) if params.topk_logprobs else None,
                 )
             )
         return out

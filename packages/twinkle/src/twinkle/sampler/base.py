@@ -33,7 +33,14 @@ class Sampler(ABC):
 
     Args:
         model_id: The base model (``tiny://qwen3.5``, ``ms://org/name``, a directory, ...).
+
+    Attributes:
+        supports_extra_logprobs: Whether the backend serves ``topk_logprobs``,
+            ``topk_prompt_logprobs``, ``prompt_logprobs_last_n``, ``prompt_alt_tokens_k`` and
+            ``target_prompt_token_ids``; others refuse them instead of ignoring them.
     """
+
+    supports_extra_logprobs: bool = False
 
     def __init__(self, model_id: str) -> None:
         self.model_id = model_id
@@ -98,11 +105,29 @@ class Sampler(ABC):
             raise (ArgumentTypeError if isinstance(exc, TypeError) else InvalidArgumentError)(
                 str(exc)
             ) from exc
+        self._check_extra_logprobs(params)
         prompts = self.prepare_prompts(inputs)
         uris = self._per_input_uris(adapter_uri, len(prompts))
         if adapter_name is not None and adapter_uri is not None:
             raise InvalidArgumentError("pass adapter_uri or adapter_name, not both")
         return self._generate(prompts, params, uris, adapter_name)
+
+    def _check_extra_logprobs(self, params: SamplingParams) -> None:
+        asked = [
+            name
+            for name in (
+                "topk_logprobs",
+                "topk_prompt_logprobs",
+                "prompt_logprobs_last_n",
+                "prompt_alt_tokens_k",
+                "target_prompt_token_ids",
+            )
+            if getattr(params, name)
+        ]
+        if asked and not self.supports_extra_logprobs:
+            raise InvalidArgumentError(
+                f"{type(self).__name__} does not support {', '.join(asked)}; the torch sampler does"
+            )
 
     def _named_adapter_uris(
         self, adapter_name: str | None, adapter_uris: list[str | None]

@@ -14,6 +14,14 @@ from twinkle.model.options import ExecutionOptions, resolve_options
 from twinkle.sampler._adapter_pool import AdapterPool
 from twinkle.sampler._decoding import choose_tokens, row_seeds
 from twinkle.sampler._generation import DecodeBatch
+from twinkle.sampler._prompt_scores import (
+    PromptScores,
+    blank_before_last_n,
+    check_prompt_params,
+    score_prompt,
+    topk_rows,
+    wants_prompt_scores,
+)
 from twinkle.sampler.base import Prompt, Sampler
 from twinkle.sampler.types import SampledSequence, SampleResponse, SampleResult, SamplingParams
 
@@ -35,6 +43,8 @@ class TorchSampler(Sampler):
         options: Execution options (``ExecutionOptions`` or a mapping of its fields); the
             sampler uses ``lora_kernel``.
     """
+
+    supports_extra_logprobs = True
 
     def __init__(
         self,
@@ -85,6 +95,8 @@ class TorchSampler(Sampler):
         adapter_name: str | None,
     ) -> SampleResponse:
         adapter_uris = self._named_adapter_uris(adapter_name, adapter_uris)
+        for i, prompt in enumerate(prompts):
+            check_prompt_params(params, len(prompt.tokens), i)
         names = self.adapters.acquire([u for u in adapter_uris if u is not None])
         n = params.num_samples
         row_prompts = [p.tokens for p in prompts for _ in range(n)]
@@ -92,23 +104,29 @@ class TorchSampler(Sampler):
         seeds = row_seeds(params.seed, len(prompts), n)
         # Rows with the same adapter sit together, so each adapter is one contiguous route.
         order = sorted(range(len(row_prompts)), key=lambda r: (row_adapters[r] or "", r))
-        sequences, prompt_lps = self._decode(
+        sequences, prompt_lps, prompt_scores = self._decode(
             [row_prompts[r] for r in order],
             [row_adapters[r] for r in order],
             [seeds[r] for r in order],
             params,
         )
-        by_row = dict(zip(order, zip(sequences, prompt_lps)))
+        by_row = dict(zip(order, zip(sequences, prompt_lps, prompt_scores)))
         response = SampleResponse()
         for i, prompt in enumerate(prompts):
             rows = [by_row[i * n + k] for k in range(n)]
             want_prompt = params.prompt_logprobs or params.max_tokens == 0
+            scores = rows[0][2]
             response.append(
                 SampleResult(
                     prompt_tokens=list(prompt.tokens),
-                    sequences=[seq for seq, _ in rows] if params.max_tokens > 0 else [],
-                    prompt_logprobs=rows[0][1] if want_prompt else None,
+                    sequences=[row[0] for row in rows] if params.max_tokens > 0 else [],
+                    prompt_logprobs=blank_before_last_n(rows[0][1], params.prompt_logprobs_last_n)
+                    if want_prompt
+                    else None,
                     extra=prompt.extra,
+                    topk_prompt_logprobs=scores.topk,
+                    target_prompt_logprobs=scores.targets,
+                    prompt_alt_tokens=scores.alt_tokens,
                 )
             )
         return response
@@ -119,9 +137,10 @@ class TorchSampler(Sampler):
         adapters: list[str | None],
         seeds: list[int],
         params: SamplingParams,
-    ) -> tuple[list[SampledSequence], list[list[float | None] | None]]:
+    ) -> tuple[list[SampledSequence], list[list[float | None] | None], list[PromptScores]]:
         template = self._template()
-        want_prompt = params.prompt_logprobs or params.max_tokens == 0
+        want_scores = wants_prompt_scores(params)
+        want_prompt = params.prompt_logprobs or params.max_tokens == 0 or want_scores
         batch = DecodeBatch.left_padded(rows, template.pad_token_id, self.device)
         vocab = self.model.get_input_embeddings().weight.shape[0]
         seen_B_V = batch.seen_tokens(vocab) if params.repetition_penalty != 1.0 else None
@@ -130,20 +149,39 @@ class TorchSampler(Sampler):
         with torch.no_grad(), self.router.route(_routes(adapters)):
             logits_B_T_V, cache = self._forward(batch, None, keep_all=want_prompt)
             prompt_lps = batch.prompt_logprobs(logits_B_T_V) if want_prompt else [None] * len(rows)
+            scores = [
+                self._score_row(logits_B_T_V, b, len(row), params, seeds[b], vocab)
+                if want_scores
+                else PromptScores()
+                for b, row in enumerate(rows)
+            ]
             last_B_V = logits_B_T_V[:, -1]
             for step in range(params.max_tokens):
                 picked_B = choose_tokens(last_B_V, seen_B_V, params, generators)
-                logprobs_B = torch.log_softmax(last_B_V.float(), dim=-1).gather(
-                    1, picked_B.to(last_B_V.device)[:, None]
-                )
-                batch.append(picked_B, logprobs_B[:, 0].cpu(), stop_ids, params, template)
+                lps_B_V = torch.log_softmax(last_B_V.float(), dim=-1)
+                logprobs_B = lps_B_V.gather(1, picked_B.to(last_B_V.device)[:, None])
+                topk_B = topk_rows(lps_B_V, params.topk_logprobs) if params.topk_logprobs else None
+                batch.append(picked_B, logprobs_B[:, 0].cpu(), stop_ids, params, template, topk_B)
                 if seen_B_V is not None:
                     seen_B_V[torch.arange(len(rows)), picked_B.to(seen_B_V.device)] = True
                 if batch.all_done() or step == params.max_tokens - 1:
                     break
                 logits_B_T_V, cache = self._forward(batch, cache, keep_all=False)
                 last_B_V = logits_B_T_V[:, -1]
-        return batch.sequences(template, params), prompt_lps
+        return batch.sequences(template, params), prompt_lps, scores
+
+    @staticmethod
+    def _score_row(
+        logits_B_T_V: torch.Tensor,
+        b: int,
+        length: int,
+        params: SamplingParams,
+        seed: int,
+        vocab: int,
+    ) -> PromptScores:
+        """Prompt scores of row ``b``, whose prompt fills the last ``length`` prefill columns."""
+        width = logits_B_T_V.shape[1]
+        return score_prompt(logits_B_T_V[b, width - length : width - 1], params, seed, vocab)
 
     def _forward(self, batch: DecodeBatch, cache: Any, keep_all: bool) -> tuple[torch.Tensor, Any]:
         """Prefill (``cache is None``) or one decode step; falls back to full recompute when the
