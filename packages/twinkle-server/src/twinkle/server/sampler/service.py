@@ -18,6 +18,9 @@ def result_to_wire(result: Any) -> dict[str, Any]:
         "sequences": [asdict(seq) for seq in result.sequences],
         "prompt_logprobs": result.prompt_logprobs,
         "extra": jsonable(result.extra),
+        "topk_prompt_logprobs": result.topk_prompt_logprobs,
+        "target_prompt_logprobs": result.target_prompt_logprobs,
+        "prompt_alt_tokens": result.prompt_alt_tokens,
     }
 
 
