@@ -122,6 +122,7 @@ class AdapterPool:
             OrderedDict()
         )  # dir -> (name, weights mtime)
         self._counter = 0
+        self._in_memory: dict[str, str] = {}  # key -> adapter name; never evicted by LRU
 
     def __contains__(self, adapter_uri: str) -> bool:
         try:
@@ -141,12 +142,13 @@ class AdapterPool:
             FileNotFoundError, PermissionError: See :func:`resolve_adapter_dir`.
         """
         distinct = list(dict.fromkeys(adapter_uris))
+        names = {uri: self._in_memory[uri] for uri in distinct if uri in self._in_memory}
+        distinct = [uri for uri in distinct if uri not in names]
         dirs = {uri: resolve_adapter_dir(uri, self.allowed_dirs) for uri in distinct}
         if len(set(dirs.values())) > self.max_loras:
             raise InvalidArgumentError(
                 f"{len(set(dirs.values()))} distinct adapters in one call, more than max_loras={self.max_loras}"
             )
-        names = {}
         for uri, path in dirs.items():
             names[uri] = self._load(path)
         # Evict only adapters this call does not use.
@@ -157,6 +159,31 @@ class AdapterPool:
             if path not in in_use:
                 self._evict(path)
         return names
+
+    def put_state(self, key: str, config: dict, state: dict) -> None:
+        """Load an adapter from memory (PEFT ``config`` + tensors) under ``key``, replacing the
+        one there; ``acquire([key])`` then uses it. Nothing is read from or written to disk."""
+        self._counter += 1
+        name = f"sampler-mem-{self._counter}"
+        spec = adapter_spec_from_config(name, {**config, "lora_dropout": 0.0})
+        try:
+            inject_adapter(self.model, self.router, spec)
+            load_adapter_state_dict(self.model, name, state)
+        except ValueError as err:
+            remove_adapter(self.model, name)
+            raise InvalidArgumentError(
+                f"adapter {key} does not fit this sampler's base model {self.model_id!r}: {err}"
+            ) from None
+        old = self._in_memory.pop(key, None)
+        self._in_memory[key] = name
+        if old is not None:
+            remove_adapter(self.model, old)
+
+    def drop_state(self, key: str) -> None:
+        """Remove the in-memory adapter ``key`` (no-op when absent)."""
+        name = self._in_memory.pop(key, None)
+        if name is not None:
+            remove_adapter(self.model, name)
 
     def _load(self, path: Path) -> str:
         mtime = (path / ADAPTER_WEIGHTS).stat().st_mtime_ns

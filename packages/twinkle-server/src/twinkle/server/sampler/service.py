@@ -65,8 +65,12 @@ class SamplerService:
         payload = dict(payload or {})
         if op == "set_template":
             return self._set_template(owner, payload)
+        if op == "publish_adapter":
+            return await self._publish_adapter(owner, payload)
         if op != "sample":
-            raise NotFound(f"unknown sampler operation {op!r}; known: sample, set_template")
+            raise NotFound(
+                f"unknown sampler operation {op!r}; known: sample, set_template, publish_adapter"
+            )
         inputs = payload.get("inputs")
         if not isinstance(inputs, list) or not inputs:
             raise BadRequest(
@@ -105,13 +109,36 @@ class SamplerService:
             raise BadRequest(str(exc)) from exc
         return {"ok": True}
 
+    async def _publish_adapter(self, owner: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """An ``inflight://<model_id>`` adapter of ``owner`` from memory (see
+        :mod:`twinkle.server.tinker.inflight`); replaces what that key held."""
+        from twinkle.server.tinker.inflight import decode_adapter_state, sampler_key
+
+        pool = getattr(self.sampler, "adapters", None)
+        if pool is None or not hasattr(pool, "put_state"):
+            raise BadRequest("this sampler cannot load adapters from memory (inflight sampling)")
+        key = sampler_key(owner, payload["adapter_uri"])
+        config, state = decode_adapter_state(payload)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, pool.put_state, key, config, state)
+        return {"ok": True}
+
     def _adapter_dirs(self, owner: str, adapter_uri: Any, count: int) -> list[str | None] | None:
         if adapter_uri is None:
             return None
         uris = adapter_uri if isinstance(adapter_uri, list) else [adapter_uri] * count
         if len(uris) != count:
             raise BadRequest(f"adapter_uri has {len(uris)} entries for {count} inputs")
-        return [None if uri is None else str(self.resolve_adapter(owner, uri)) for uri in uris]
+        from twinkle.server.tinker.inflight import INFLIGHT_SCHEME, sampler_key
+
+        return [
+            None
+            if uri is None
+            else sampler_key(owner, uri)
+            if str(uri).startswith(INFLIGHT_SCHEME)
+            else str(self.resolve_adapter(owner, uri))
+            for uri in uris
+        ]
 
     def _sample(
         self, owner: str, inputs: list, sampling_params: Any, uris: list[str | None] | None

@@ -54,10 +54,11 @@ def validate_id(value: str, what: str = "id") -> str:
 
 
 def validate_kind(kind: str) -> CheckpointKind:
-    """Return ``kind`` if it is ``weights`` or ``sampler_weights``."""
+    """Return ``kind`` if it is ``weights``, ``sampler_weights`` or ``external_weights``."""
     if kind not in CHECKPOINT_TYPE_BY_KIND:
         raise BadRequestError(
-            f"checkpoint kind must be 'weights' or 'sampler_weights', got {kind!r}"
+            "checkpoint kind must be 'weights', 'sampler_weights' or 'external_weights', "
+            f"got {kind!r}"
         )
     return kind  # type: ignore[return-value]
 

@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-CheckpointKind = Literal["weights", "sampler_weights"]
-CheckpointType = Literal["training", "sampler"]
+CheckpointKind = Literal["weights", "sampler_weights", "external_weights"]
+CheckpointType = Literal["training", "sampler", "external"]
 RunStatus = Literal["active", "unloaded", "lost"]
 FutureStatus = Literal["pending", "done", "error"]
 QueueState = Literal["active", "paused_rate_limit", "paused_capacity"]
@@ -21,6 +21,10 @@ ErrorCategory = Literal["user", "server", "unknown"]
 CHECKPOINT_TYPE_BY_KIND: dict[str, CheckpointType] = {
     "weights": "training",
     "sampler_weights": "sampler",
+    "external_weights": "external",
+}
+KIND_BY_CHECKPOINT_TYPE: dict[str, CheckpointKind] = {
+    t: k for k, t in CHECKPOINT_TYPE_BY_KIND.items()  # type: ignore[misc]
 }
 
 
@@ -78,8 +82,9 @@ class CheckpointRecord(_Record):
 
     @property
     def kind(self) -> CheckpointKind:
-        """``weights`` or ``sampler_weights``: the middle component of the checkpoint path."""
-        return "weights" if self.checkpoint_type == "training" else "sampler_weights"
+        """``weights``, ``sampler_weights`` or ``external_weights``: the middle component of the
+        checkpoint path."""
+        return KIND_BY_CHECKPOINT_TYPE[self.checkpoint_type]
 
     @property
     def tinker_path(self) -> str:

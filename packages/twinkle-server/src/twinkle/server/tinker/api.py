@@ -26,7 +26,7 @@ CLIENT_CONFIG = {
     "proto_compress_fwdbwd": True,
     "sample_use_retrieve_futures": False,
     "custom_loss_server_side": False,
-    "sample_join_sampling_session": False,
+    "sample_join_sampling_session": True,
 }
 
 

@@ -20,6 +20,7 @@ from twinkle.server.encoding import jsonable
 from twinkle.server.errors import BadRequest
 from twinkle.server.model.operations import optim_step
 from twinkle.server.model.protocol import Call, Empty, Operation, OperationTable, OptimStep
+from twinkle.server.tinker.weights_model_ops import weights_operations
 
 
 def check_adam_params(params: Any) -> dict[str, float]:
@@ -55,7 +56,7 @@ def tinker_operations() -> OperationTable:
             Operation("tinker_optim_step", OptimStep, tinker_optim_step, steps=True),
             Operation("tinker_adapter_info", Empty, tinker_adapter_info),
         ]
-    )
+    ) + weights_operations()
 
 
 __all__ = ["check_adam_params", "tinker_operations"]

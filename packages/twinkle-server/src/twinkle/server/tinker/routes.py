@@ -22,6 +22,7 @@ from twinkle.server.tinker.futures import Proto, body_digest
 from twinkle.server.tinker.models import model_facts
 from twinkle.server.tinker.sampling import future_routes, sampling_routes
 from twinkle.server.tinker.weights import weights_routes
+from twinkle.server.tinker.weights_external import weights_external_routes
 from twinkle.server.web import read_json
 
 
@@ -32,6 +33,7 @@ def create_tinker_router(ctx: ServerContext, backends: Backends) -> APIRouter:
     _config_routes(router, api)
     _training_routes(router, api)
     weights_routes(router, api)
+    weights_external_routes(router, api)
     sampling_routes(router, api)
     future_routes(router, api)
     router.tinker_api = api  # type: ignore[attr-defined]  # for tests and benchmarks

@@ -17,6 +17,7 @@ from twinkle.server.tinker.api import (
     EPHEMERAL_TTL_S,
     TinkerApi,
 )
+from twinkle.server.tinker.inflight import inflight_save
 from twinkle.server.tinker.models import checkpoint_facts
 from twinkle.server.web import read_json
 
@@ -59,6 +60,8 @@ def weights_routes(router: APIRouter, api: TinkerApi) -> None:
                 body["path"] if named else f"ephemeral-{seq_id}-{uuid.uuid4().hex[:8]}"
             )
             api.backends.sampler(run.base_model) if not named else None
+            if not named and body.get("kind") == "inflight":
+                return inflight_save(api, owner, body, model_id, run)
             return _sampler_save(api, owner, body, model_id, run, name, named)
 
         return await api.sequenced(call, prepare)

@@ -1,0 +1,83 @@
+"""``save_weights_and_get_sampling_client(kind="inflight")``: sampling from the live adapter.
+
+Design: an inflight save hands the sampler the tenant's adapter state **in memory**. The model
+deployment copies the live LoRA tensors out of the training model (``tinker_adapter_state``), the
+gateway passes them to the sampler deployment (``publish_adapter``), which loads them into its
+adapter pool under the key ``inflight://<owner>/<model_id>`` and drops what that key held before.
+No checkpoint file is written and no checkpoint record is created.
+
+The SDK's contract (``tinker.types.SamplingClientKind``) holds: every inflight client of one model
+shares one mutable target; a later inflight save updates it for old and new clients alike; the
+save completes after the sampler holds the new weights, so a client samples with the weights of
+its own save or newer. Each save returns a new sampling session (a fresh namespace).
+
+Limits: the sampler must keep its adapters in an in-process pool (the torch sampler); a vLLM
+sampler refuses. With several sampler replicas behind Ray Serve a publish reaches one of them.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from typing import Any
+
+from twinkle.server.errors import BadRequest
+
+INFLIGHT_SCHEME = "inflight://"
+
+
+def inflight_uri(model_id: str) -> str:
+    """The sampling session's ``model_path`` for the inflight weights of ``model_id``."""
+    return f"{INFLIGHT_SCHEME}{model_id}"
+
+
+def sampler_key(owner: str, uri: str) -> str:
+    """The sampler pool key of ``owner``'s inflight ``uri``: tenant-scoped, so one tenant's
+    session can never name another tenant's live adapter."""
+    if not str(uri).startswith(INFLIGHT_SCHEME):
+        raise BadRequest(f"not an inflight adapter uri: {uri!r}")
+    return f"{INFLIGHT_SCHEME}{owner}/{str(uri)[len(INFLIGHT_SCHEME) :]}"
+
+
+def decode_adapter_state(payload: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(PEFT config, tensors) of a ``publish_adapter`` payload."""
+    from safetensors.torch import load as load_tensors
+
+    return dict(payload["config"]), load_tensors(base64.b64decode(payload["weights_b64"]))
+
+
+def inflight_save(api: Any, owner: str, body: dict, model_id: str, run: Any):
+    """What an inflight ``save_weights_for_sampler`` runs in its turn (after every earlier
+    training call of the model): publish the live adapter, then open a new sampling session."""
+    model = api.backends.model(run.base_model)
+    sampler = api.backends.sampler(run.base_model)
+    uri = inflight_uri(model_id)
+
+    async def run_call() -> dict:
+        state = await model.call(owner, "tinker_adapter_state", {"adapter_name": model_id})
+        await sampler.call(
+            owner,
+            "publish_adapter",
+            {"adapter_uri": uri, "config": state["config"], "weights_b64": state["weights_b64"]},
+        )
+        seq = body.get("sampling_session_seq_id")
+        sid = f"{run.session_id}:sample:{seq}:{uuid.uuid4().hex[:8]}"
+        api.state.create_sampling_session(
+            owner,
+            run.session_id,
+            base_model=run.base_model,
+            model_path=uri,
+            sampling_session_id=sid,
+        )
+        return {"sampling_session_id": sid, "type": "save_weights_for_sampler"}
+
+    return run_call
+
+
+__all__ = [
+    "INFLIGHT_SCHEME",
+    "decode_adapter_state",
+    "inflight_save",
+    "inflight_uri",
+    "sampler_key",
+]

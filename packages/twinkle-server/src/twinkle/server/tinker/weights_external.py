@@ -1,0 +1,250 @@
+"""Tinker weights endpoints beyond the core loop: ``copy_weights``, ``save_weights_external`` and
+its signed download URLs, ``join_sampling_session``.
+
+- ``copy_weights`` (``ServiceClient.copy_weights`` / ``RestClient.copy_weights``, sync): the
+  source checkpoint into a new training run of the caller (a new session, or the request's
+  ``session_id``/``model_seq_id``), same kind and name; files are hard links (no bytes
+  duplicated; a copy when the file system refuses links). The new run has no adapter loaded, so it
+  cannot be trained on. Retries with the same ``X-Idempotency-Key`` answer the first copy.
+- ``save_weights_external`` (future): ``external_weights/<name>`` in PEFT layout, optionally
+  age-encrypted (see :mod:`.weights_model_ops`).
+- ``GET training_runs/{id}/checkpoints/external_weights/{name}/external_weights_urls``: one URL per
+  file, signed with HMAC-SHA256 over ``path + expiry`` under a server secret kept in the shared
+  state (every gateway replica verifies every URL). The download route needs no API key and
+  refuses expired or altered URLs with 403; only the checkpoint's owner can mint URLs.
+- ``join_sampling_session``: a new, unique ``client_counter`` (from 1; the original client is 0)
+  for a client rebuilt from a sampler handle (``SamplingClient.from_sampler_handle``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+from urllib.parse import quote
+
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse
+
+from twinkle.server.errors import BadRequest, Forbidden, NotFound
+from twinkle.server.state import checkpoint_dir
+from twinkle.server.state.paths import parse_checkpoint_path, validate_checkpoint_name
+from twinkle.server.tinker import convert
+from twinkle.server.tinker.api import TinkerApi
+from twinkle.server.tinker.weights_model_ops import EXTERNAL_KIND, age_recipients
+from twinkle.server.web import read_json
+
+URL_TTL_S = 3600.0
+MIN_TTL_S, MAX_TTL_S = 3600, 10 * 365 * 24 * 3600
+_SECRET_KEY = "tinker/url_signing_secret"
+_DOWNLOAD = "external_weights_files"
+
+
+class UrlSigner:
+    """HMAC-SHA256 signatures over ``<path>\\n<expires>`` with a secret shared through the state."""
+
+    def __init__(self, state) -> None:
+        self.state = state
+        self._secret: bytes | None = None
+
+    def secret(self) -> bytes:
+        if self._secret is None:
+            value = self.state.store.update(
+                _SECRET_KEY, lambda v: v or {"hex": secrets.token_hex(32)}
+            )
+            self._secret = bytes.fromhex(value["hex"])
+        return self._secret
+
+    def sign(self, path: str, expires: int) -> str:
+        return hmac.new(self.secret(), f"{path}\n{expires}".encode(), hashlib.sha256).hexdigest()
+
+    def verify(self, path: str, expires: str, signature: str, now: float) -> None:
+        """Raise :class:`Forbidden` unless ``signature`` is ours for ``path`` and not expired."""
+        try:
+            when = int(expires)
+        except ValueError:
+            raise Forbidden("malformed download URL") from None
+        if not hmac.compare_digest(self.sign(path, when), signature or ""):
+            raise Forbidden("invalid download URL signature")
+        if when <= now:
+            raise Forbidden("download URL expired")
+
+
+def _check_ttl(ttl) -> float | None:
+    if ttl is None:
+        return None
+    if not isinstance(ttl, int) or not MIN_TTL_S <= ttl <= MAX_TTL_S:
+        raise BadRequest(f"ttl_seconds must be between {MIN_TTL_S} and {MAX_TTL_S}, got {ttl!r}")
+    return float(ttl)
+
+
+def _link_tree(source: Path, target: Path) -> int:
+    """Hard-link every file of ``source`` into ``target``; returns the bytes they hold."""
+    shutil.rmtree(target, ignore_errors=True)
+    size = 0
+    for src in sorted(p for p in source.rglob("*") if p.is_file()):
+        dst = target / src.relative_to(source)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+        size += dst.stat().st_size
+    return size
+
+
+def copy_checkpoint(api: TinkerApi, owner: str, body: dict) -> dict:
+    """The copy itself (see the module docstring); returns ``CopyWeightsResponse``."""
+    if body.get("weights_access_token"):
+        raise BadRequest("weights_access_token is not supported: copy your own or public weights")
+    ttl = _check_ttl(body.get("ttl_seconds"))
+    source = api.state.resolve_checkpoint_path(owner, body.get("source_path") or "", True)
+    run = api.state.get_run(source.owner, source.training_run_id)
+    session_id, seq = body.get("session_id"), body.get("model_seq_id")
+    if session_id is not None:
+        if not isinstance(seq, int):
+            raise BadRequest("copy_weights with session_id needs model_seq_id")
+        api.state.get_session(owner, session_id)
+    else:
+        project = body.get("destination_project_id")
+        meta = {"project_id": project} if project else {}
+        session_id = api.state.create_session(
+            owner, tags=["copy_weights"], user_metadata=meta
+        ).session_id
+        seq = 0
+    new_run = api.state.create_run(
+        owner,
+        session_id,
+        run.base_model,
+        run.lora_rank,
+        model_seq_id=seq,
+        lora_config=run.lora_config,
+        user_metadata={"copied_from": source.tinker_path},
+    )
+    api.state.update_run(owner, new_run.training_run_id, status="unloaded")
+    target = checkpoint_dir(
+        api.ctx.storage_root, owner, new_run.training_run_id, source.kind, source.name
+    )
+    size = _link_tree(Path(source.local_dir), target)
+    record, _ = api.state.add_checkpoint(
+        owner,
+        new_run.training_run_id,
+        source.kind,
+        source.name,
+        str(target),
+        size_bytes=size,
+        ttl_seconds=ttl,
+    )
+    return {"tinker_path": record.tinker_path}
+
+
+def weights_external_routes(router: APIRouter, api: TinkerApi) -> None:
+    signer = UrlSigner(api.state)
+
+    @router.post("/copy_weights")
+    async def copy_weights(request: Request) -> dict:
+        owner = api.ctx.authenticate(request.headers)
+        body = await read_json(request, api.max_bytes)
+        idem = request.headers.get("x-idempotency-key")
+        memo = f"tinker/copy_weights/{owner}/{idem}" if idem else None
+        if memo and (done := api.state.store.get(memo)):
+            return done
+        result = copy_checkpoint(api, owner, body)
+        if memo:
+            api.state.store.put(memo, result)
+        return result
+
+    @router.post("/save_weights_external")
+    async def save_weights_external(request: Request) -> dict:
+        call = await api.open_call(request, "save_weights_external")
+        owner, body, model_id = call.owner, call.body, call.model_id
+
+        def prepare():
+            run = api.run_of(owner, model_id)
+            client = api.backends.model(run.base_model)
+            name = validate_checkpoint_name(body.get("path") or "")
+            ttl = _check_ttl(body.get("ttl_seconds"))
+            recipients = body.get("age_encryption_recipients") or []
+            if len(recipients) > 10:
+                raise BadRequest("at most 10 age_encryption_recipients")
+            age_recipients(recipients)  # refuse a malformed key now
+
+            async def run_call() -> dict:
+                saved = await client.call(
+                    owner,
+                    "tinker_save_external",
+                    {
+                        "adapter_name": model_id,
+                        "name": name,
+                        "age_encryption_recipients": recipients,
+                    },
+                )
+                if ttl is not None:
+                    api.state.set_checkpoint_ttl(
+                        owner, run.training_run_id, f"{EXTERNAL_KIND}/{name}", ttl
+                    )
+                return {
+                    "path": convert.to_tinker_path(saved["path"]),
+                    "size_bytes": saved["size_bytes"],
+                    "type": "save_weights_external",
+                }
+
+            return run_call
+
+        return await api.sequenced(call, prepare)
+
+    @router.get("/training_runs/{run_id}/checkpoints/{kind}/{name}/external_weights_urls")
+    async def external_weights_urls(run_id: str, kind: str, name: str, request: Request) -> dict:
+        owner = api.ctx.authenticate(request.headers)
+        if kind != EXTERNAL_KIND:
+            raise BadRequest(f"only {EXTERNAL_KIND} checkpoints have download URLs, not {kind}")
+        parse_checkpoint_path(f"tinker://{run_id}/{kind}/{name}")
+        record = api.state.get_checkpoint(owner, run_id, f"{kind}/{name}")
+        root = Path(record.local_dir)
+        expires = int(api.state.clock() + URL_TTL_S)
+        base = str(request.url).split("/training_runs/", 1)[0]
+        urls = {}
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            rel = path.relative_to(root).as_posix()
+            signed = f"{owner}/{run_id}/{name}/{rel}"
+            urls[rel] = (
+                f"{base}/{_DOWNLOAD}/{quote(signed)}"
+                f"?expires={expires}&signature={signer.sign(signed, expires)}"
+            )
+        return {
+            "urls": urls,
+            "expires": datetime.fromtimestamp(expires, timezone.utc).isoformat(),
+        }
+
+    @router.get(f"/{_DOWNLOAD}/{{owner}}/{{run_id}}/{{name}}/{{rel:path}}")
+    async def download(
+        owner: str, run_id: str, name: str, rel: str, expires: str = "", signature: str = ""
+    ):
+        """No API key: the URL's signature is the credential."""
+        signer.verify(f"{owner}/{run_id}/{name}/{rel}", expires, signature, api.state.clock())
+        record = api.state.get_checkpoint(owner, run_id, f"{EXTERNAL_KIND}/{name}")
+        root = Path(record.local_dir).resolve()
+        path = (root / rel).resolve()
+        if not path.is_relative_to(root) or not path.is_file():
+            raise NotFound(f"{rel} is not a file of this checkpoint")
+        return FileResponse(path, media_type="application/octet-stream")
+
+    @router.post("/join_sampling_session")
+    async def join_sampling_session(request: Request) -> dict:
+        owner = api.ctx.authenticate(request.headers)
+        body = await read_json(request, api.max_bytes)
+        sid = body.get("sampling_session_id")
+        if not isinstance(sid, str):
+            raise BadRequest("join_sampling_session needs sampling_session_id")
+        api.state.get_sampling_session(owner, sid)
+        counter = api.state.store.update(
+            f"tinker/sampling_clients/{sid}", lambda v: {"n": (v or {"n": 0})["n"] + 1}
+        )
+        return {"type": "join_sampling_session", "client_counter": counter["n"]}
+
+
+__all__ = ["UrlSigner", "copy_checkpoint", "weights_external_routes"]
