@@ -25,7 +25,7 @@ CLIENT_CONFIG = {
     "parallel_fwdbwd_chunks": True,
     "proto_compress_fwdbwd": True,
     "sample_use_retrieve_futures": False,
-    "custom_loss_server_side": False,
+    "custom_loss_server_side": True,
     "sample_join_sampling_session": True,
 }
 

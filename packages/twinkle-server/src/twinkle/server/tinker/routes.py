@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from twinkle.server.context import ServerContext
 from twinkle.server.errors import BadRequest
 from twinkle.server.gateway.backends import Backends
-from twinkle.server.tinker import convert, model_ops, wire
+from twinkle.server.tinker import convert, custom_loss, model_ops, wire
 from twinkle.server.tinker.api import CLIENT_CONFIG, SequencedCall, TinkerApi
 from twinkle.server.tinker.futures import Proto, body_digest
 from twinkle.server.tinker.models import model_facts
@@ -32,6 +32,7 @@ def create_tinker_router(ctx: ServerContext, backends: Backends) -> APIRouter:
     router = APIRouter()
     _config_routes(router, api)
     _training_routes(router, api)
+    custom_loss.custom_loss_routes(router, api)
     weights_routes(router, api)
     weights_external_routes(router, api)
     sampling_routes(router, api)
@@ -142,9 +143,12 @@ def _training_routes(router: APIRouter, api: TinkerApi) -> None:
         async def prepare():
             run = api.run_of(owner, msg.model_id)
             client = api.backends.model(run.base_model)
-            loss = convert.check_loss(msg.loss_fn, msg.loss_fn_config)
             vocab = (await asyncio.to_thread(model_facts, run.base_model)).vocab_size
-            features = convert.datums_to_features(msg.data, msg.loss_fn, vocab)
+            if msg.loss_fn == "custom":
+                features, loss = custom_loss.features_and_loss(api, owner, run, msg, vocab)
+            else:
+                loss = convert.check_loss(msg.loss_fn, msg.loss_fn_config)
+                features = convert.datums_to_features(msg.data, msg.loss_fn, vocab)
             payload = {"adapter_name": msg.model_id, "inputs": features, "loss": loss}
 
             async def run_call() -> Proto:
@@ -155,6 +159,7 @@ def _training_routes(router: APIRouter, api: TinkerApi) -> None:
                 metrics = {
                     "loss:sum": float(result["loss"]),
                     "num_tokens:sum": float(result.get("num_tokens", 0)),
+                    **custom_loss.custom_metrics(result),
                 }
                 return Proto(wire.encode_forward_backward_output(outputs, metrics))
 

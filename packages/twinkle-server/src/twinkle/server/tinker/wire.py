@@ -31,6 +31,7 @@ class WireDatum:
 
     tokens: list[int]
     inputs: dict[str, np.ndarray] = field(default_factory=dict)
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # as sent; may be empty
 
 
 @dataclass
@@ -121,7 +122,8 @@ def decode_forward_backward(body: bytes) -> WireForwardBackward:
             name: _tensor(t, f"data[{i}].loss_fn_inputs[{name!r}]")
             for name, t in datum.loss_fn_inputs.items()
         }
-        data.append(WireDatum(tokens, inputs))
+        shapes = {name: tuple(t.shape) for name, t in datum.loss_fn_inputs.items()}
+        data.append(WireDatum(tokens, inputs, shapes))
     return WireForwardBackward(
         msg.model_id, int(msg.seq_id), msg.loss_fn, config, bool(msg.forward_only), data
     )
