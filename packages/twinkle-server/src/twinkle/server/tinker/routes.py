@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from twinkle.server.context import ServerContext
 from twinkle.server.errors import BadRequest
 from twinkle.server.gateway.backends import Backends
-from twinkle.server.tinker import convert, custom_loss, model_ops, wire
+from twinkle.server.tinker import convert, custom_loss, optimizers, wire
 from twinkle.server.tinker.api import CLIENT_CONFIG, SequencedCall, TinkerApi
 from twinkle.server.tinker.futures import Proto, body_digest
 from twinkle.server.tinker.models import model_facts
@@ -174,9 +174,7 @@ def _training_routes(router: APIRouter, api: TinkerApi) -> None:
 
         def prepare():
             client = api.backends.model(api.run_of(owner, model_id).base_model)
-            params = model_ops.check_adam_params(
-                body.get("adam_params") or body.get("optim_params") or {}
-            )
+            params = optimizers.check_optim_params(body)
 
             async def run() -> dict:
                 result = await client.call(
