@@ -33,9 +33,14 @@ LOSSES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "ppo": (("logprobs", "advantages"), ("clip_low_threshold", "clip_high_threshold")),
     "cispo": (("logprobs", "advantages"), ("clip_low_threshold", "clip_high_threshold")),
     "dro": (("logprobs", "advantages"), ("beta",)),
+    "gspo": (("logprobs", "advantages"), ("clip_low_threshold", "clip_high_threshold")),
+    # stable_reinforce's logprobs and weights come from the sampler's records (stability.py).
+    "stable_reinforce": (("advantages",), ("clip_high_threshold", "kl_coeff")),
 }
 # Tinker input name -> Twinkle loss input name.
 _INPUT_NAMES = {"weights": "weights", "advantages": "advantages", "logprobs": "old_logprobs"}
+# Inputs only some losses take: gspo's ratio mask rides in the loss's per-token weights.
+_LOSS_INPUT_NAMES = {"gspo": {"sequence_ratio_mask": "weights"}}
 
 
 def lora_config(lora: dict[str, Any] | None) -> dict[str, Any]:
@@ -95,6 +100,7 @@ def datums_to_features(
     if not data:
         raise BadRequest("forward_backward needs at least one datum")
     required, _ = LOSSES.get(loss_fn, ((), ()))
+    names = {**_INPUT_NAMES, **_LOSS_INPUT_NAMES.get(loss_fn, {})}
     features = []
     for i, datum in enumerate(data):
         n = len(datum.tokens)
@@ -116,10 +122,14 @@ def datums_to_features(
                 targets = values.astype(np.int64)
                 _check_ids(targets, vocab_size, f"data[{i}].target_tokens")
                 feature["target_tokens"] = targets.tolist()
-            elif name in _INPUT_NAMES:
+            elif name in names:
                 if not np.all(np.isfinite(values)):
                     raise BadRequest(f"data[{i}]: loss_fn_inputs[{name!r}] has non-finite values")
-                feature[_INPUT_NAMES[name]] = values.astype(np.float32).tolist()
+                if names[name] in feature:
+                    raise BadRequest(
+                        f"data[{i}]: loss_fn {loss_fn!r} takes {name!r} or its alias, not both"
+                    )
+                feature[names[name]] = values.astype(np.float32).tolist()
             else:
                 raise BadRequest(f"data[{i}]: unknown loss_fn_inputs key {name!r}")
         features.append(feature)

@@ -21,6 +21,7 @@ from twinkle.server.tinker.api import CLIENT_CONFIG, SequencedCall, TinkerApi
 from twinkle.server.tinker.futures import Proto, body_digest
 from twinkle.server.tinker.models import model_facts
 from twinkle.server.tinker.sampling import future_routes, sampling_routes
+from twinkle.server.tinker.stability import bind_sampler_logprobs, store_for
 from twinkle.server.tinker.weights import weights_routes
 from twinkle.server.tinker.weights_external import weights_external_routes
 from twinkle.server.web import read_json
@@ -130,9 +131,10 @@ def _training_routes(router: APIRouter, api: TinkerApi) -> None:
             raise BadRequest(
                 "forward_backward takes a protobuf ForwardBackwardRequest (application/x-protobuf)"
             )
-        msg = wire.decode_forward_backward(
-            wire.decompress(raw, request.headers.get("content-encoding"), api.max_bytes)
-        )
+        body = wire.decompress(raw, request.headers.get("content-encoding"), api.max_bytes)
+        msg = wire.decode_forward_backward(body)
+        if msg.loss_fn == "stable_reinforce":
+            bind_sampler_logprobs(store_for(api), owner, msg.data, body)
         keys = api.dedupe_keys(
             request, "forward_backward", msg.model_id, msg.seq_id, body_digest(raw)
         )

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from twinkle.server.errors import BadRequest
-from twinkle.server.tinker import convert, wire
+from twinkle.server.tinker import convert, sample_fields, stability, wire
 from twinkle.server.tinker.api import (
     LONG_POLL_S,
     TinkerApi,
@@ -75,22 +75,22 @@ def sampling_routes(router: APIRouter, api: TinkerApi) -> None:
         client = api.backends.sampler(base_model)
         tokens = convert.prompt_tokens(body.get("prompt") or {})
         convert.check_prompt(tokens, (await asyncio.to_thread(model_facts, base_model)).vocab_size)
-        if (
-            body.get("topk_prompt_logprobs")
-            or body.get("topk_sample_logprobs")
-            or body.get("target_prompt_logprobs")
-        ):
-            raise BadRequest("top-k and target prompt logprobs are not supported by this server")
+        extra, target_layout = sample_fields.sampler_params(body, len(tokens))
         want_prompt_lp = bool(body.get("prompt_logprobs"))
         params = convert.sampling_params(
             body.get("sampling_params") or {}, num_samples, want_prompt_lp
         )
+        params.update(extra)
         payload = {"inputs": [tokens], "adapter_uri": adapter, "sampling_params": params}
 
         async def run() -> Proto:
             result = (await client.call(owner, "sample", payload))["results"][0]
             prompt_lp = result.get("prompt_logprobs") if want_prompt_lp else None
-            return Proto(wire.encode_sample_response(result["sequences"], prompt_lp))
+            if body.get("record_stability_info"):
+                ids = _sequence_ids(rid, num_samples)
+                stability.record_samples(stability.store_for(api), owner, ids, result["sequences"])
+            data = wire.encode_sample_response(result["sequences"], prompt_lp)
+            return Proto(sample_fields.add_to_response(data, result, extra, target_layout))
 
         rid = api.futures.submit(owner, "sample", run, dedupe=keys)
         return api.submitted(rid, sample_sequence_ids=_sequence_ids(rid, num_samples))
