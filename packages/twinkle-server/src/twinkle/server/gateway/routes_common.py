@@ -93,6 +93,8 @@ def create_common_router(ctx: ServerContext, backends: Backends) -> APIRouter:
             tags=list(body.get("tags") or []),
             user_metadata=body.get("user_metadata") or {},
             sdk_version=body.get("sdk_version"),
+            project_id=body.get("project_id"),
+            display_name=body.get("display_name"),
         )
         return {"session_id": record.session_id, "type": "create_session"}
 
@@ -106,7 +108,9 @@ def create_common_router(ctx: ServerContext, backends: Backends) -> APIRouter:
     @router.post("/sessions/{session_id}/finish")
     async def finish(session_id: str, request: Request) -> dict:
         owner = ctx.authenticate(request.headers)
-        state.finish_session(owner, session_id)
+        body = await read_json(request, max_bytes)
+        reason = body.get("reason") if isinstance(body.get("reason"), dict) else {}
+        state.finish_session(owner, session_id, reason.get("type"), body.get("detail"))
         # A finished session's adapters stop counting against the key's per_token_model_limit
         # now, not after adapter_timeout.
         await unload_session_adapters(backends, session_id)

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from twinkle.server.state._base import StateBase
-from twinkle.server.state.records import CheckpointRecord, SessionRecord
+from twinkle.server.state.records import CheckpointRecord, SamplingSessionRecord, SessionRecord
 
 AUDIT, USAGE, SESSION_INFO = "audit/", "usage/", "session_info/"
 FLUSH_S = 5.0
@@ -245,6 +245,11 @@ class ActivityMixin(StateBase):
         now = self.clock()
         found = [c for c in self._all("ckpt/", CheckpointRecord, owner) if not c.is_expired(now)]
         return sorted(found, key=lambda c: (c.time, c.checkpoint_id), reverse=True)
+
+    def sampling_sessions_of(self, owner: str) -> list[SamplingSessionRecord]:
+        """Every sampling session of ``owner``, oldest first."""
+        found = self._all("sampling/", SamplingSessionRecord, owner)
+        return sorted(found, key=lambda r: (r.created_at, r.sampling_session_id))
 
     def _usage_buffer(self) -> tuple[threading.Lock, dict[_BucketKey, int]]:
         if "_usage_lock" not in self.__dict__:

@@ -24,7 +24,7 @@ CLIENT_CONFIG = {
     "pjwt_auth_enabled": False,
     "parallel_fwdbwd_chunks": True,
     "proto_compress_fwdbwd": True,
-    "sample_use_retrieve_futures": False,
+    "sample_use_retrieve_futures": True,
     "custom_loss_server_side": True,
     "sample_join_sampling_session": True,
 }

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 
 from twinkle.server.context import ServerContext
 from twinkle.server.errors import BadRequest
@@ -20,6 +20,8 @@ from twinkle.server.tinker import convert, custom_loss, optimizers, wire
 from twinkle.server.tinker.api import CLIENT_CONFIG, SequencedCall, TinkerApi
 from twinkle.server.tinker.futures import Proto, body_digest
 from twinkle.server.tinker.models import model_facts
+from twinkle.server.tinker.request_fields import note_unknown_fields
+from twinkle.server.tinker.rest import rest_routes
 from twinkle.server.tinker.sampling import future_routes, sampling_routes
 from twinkle.server.tinker.stability import bind_sampler_logprobs, store_for
 from twinkle.server.tinker.weights import weights_routes
@@ -30,7 +32,7 @@ from twinkle.server.web import read_json
 def create_tinker_router(ctx: ServerContext, backends: Backends) -> APIRouter:
     """Every Tinker endpoint except the shared ones (sessions, runs, checkpoints) of routes_common."""
     api = TinkerApi(ctx, backends)
-    router = APIRouter()
+    router = APIRouter(dependencies=[Depends(note_unknown_fields)])
     _config_routes(router, api)
     _training_routes(router, api)
     custom_loss.custom_loss_routes(router, api)
@@ -38,6 +40,7 @@ def create_tinker_router(ctx: ServerContext, backends: Backends) -> APIRouter:
     weights_external_routes(router, api)
     sampling_routes(router, api)
     future_routes(router, api)
+    rest_routes(router, api)
     router.tinker_api = api  # type: ignore[attr-defined]  # for tests and benchmarks
     return router
 
@@ -155,6 +158,8 @@ def _training_routes(router: APIRouter, api: TinkerApi) -> None:
 
             async def run_call() -> Proto:
                 result = await client.call(owner, op, payload)
+                tokens = int(result.get("num_tokens", 0))
+                api.state.count_usage(owner, "training", tokens, run.base_model, run.session_id)
                 outputs = [
                     {"logprobs": np.asarray(lp, dtype=np.float32)} for lp in result["logprobs"]
                 ]

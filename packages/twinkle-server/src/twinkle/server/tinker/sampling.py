@@ -10,12 +10,14 @@ from fastapi.responses import JSONResponse, Response
 
 from twinkle.server.errors import BadRequest
 from twinkle.server.tinker import convert, sample_fields, stability, wire
+from twinkle.server.tinker.admin import count_sample_usage
 from twinkle.server.tinker.api import (
     LONG_POLL_S,
     TinkerApi,
 )
 from twinkle.server.tinker.futures import PROTOBUF, Proto
 from twinkle.server.tinker.models import checkpoint_facts, model_facts
+from twinkle.server.tinker.session_futures import sample_target
 from twinkle.server.web import read_json
 
 
@@ -85,6 +87,7 @@ def sampling_routes(router: APIRouter, api: TinkerApi) -> None:
 
         async def run() -> Proto:
             result = (await client.call(owner, "sample", payload))["results"][0]
+            count_sample_usage(api.state, owner, base_model, body, tokens, result["sequences"])
             prompt_lp = result.get("prompt_logprobs") if want_prompt_lp else None
             if body.get("record_stability_info"):
                 ids = _sequence_ids(rid, num_samples)
@@ -92,7 +95,8 @@ def sampling_routes(router: APIRouter, api: TinkerApi) -> None:
             data = wire.encode_sample_response(result["sequences"], prompt_lp)
             return Proto(sample_fields.add_to_response(data, result, extra, target_layout))
 
-        rid = api.futures.submit(owner, "sample", run, dedupe=keys)
+        target = sample_target(body.get("sampling_session_id"), body.get("seq_id"))
+        rid = api.futures.submit(owner, "sample", run, model_id=target, ordered=False, dedupe=keys)
         return api.submitted(rid, sample_sequence_ids=_sequence_ids(rid, num_samples))
 
 
