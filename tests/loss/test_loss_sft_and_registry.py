@@ -115,6 +115,7 @@ def test_public_surface():
     assert set(loss_pkg.__all__) == {
         "CISPOLoss",
         "CrossEntropyLoss",
+        "CustomGraphLoss",
         "DPOLoss",
         "DROLoss",
         "GRPOLoss",
