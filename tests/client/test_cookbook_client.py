@@ -14,7 +14,7 @@ from cookbook_launch import offline_env
 from serving import KEYS, full_server
 
 COOKBOOK = Path(__file__).resolve().parents[2] / "cookbook" / "client" / "twinkle" / "self_host"
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from cookbook_launch import (
     succeeded,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.integration
 
 CONFIG = "cookbook/client/server/mock/server_config.yaml"
 SUPPORTED = {

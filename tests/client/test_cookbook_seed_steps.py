@@ -24,7 +24,7 @@ from cookbook_launch import (
     succeeded,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.integration
 
 CONFIG = "cookbook/client/server/transformer/server_config.yaml"
 STATE_FILE = Path("/tmp/twinkle_state.json")  # the config's persistence.file_path
