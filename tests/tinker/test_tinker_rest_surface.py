@@ -188,6 +188,30 @@ def test_list_user_checkpoints_pages_with_a_cursor(clients, rest_bob):
         rest_bob.list_checkpoints(training.model_id).result(timeout=30)
 
 
+def test_checkpoint_ttl_delete_and_get_sampler(clients, rest_bob):
+    service, training, sampler = clients
+    rest = service.create_rest_client()
+    path = training.save_state("rest-doomed").result(timeout=60).path
+
+    def listed() -> dict:
+        found = rest.list_checkpoints(training.model_id).result(timeout=30).checkpoints
+        return {c.tinker_path: c for c in found}
+
+    rest.set_checkpoint_ttl_from_tinker_path(path, 3600).result(timeout=30)
+    assert listed()[path].expires_at is not None
+    for call in (
+        rest_bob.delete_checkpoint_from_tinker_path(path),
+        rest_bob.set_checkpoint_ttl_from_tinker_path(path, None),
+        rest_bob.get_sampler(sampler._sampling_session_id),
+    ):
+        with pytest.raises(tinker.NotFoundError):
+            call.result(timeout=30)
+    rest.delete_checkpoint_from_tinker_path(path).result(timeout=30)
+    assert path not in listed()
+    info = rest.get_sampler(sampler._sampling_session_id).result(timeout=30)
+    assert info.sampler_id == sampler._sampling_session_id and info.base_model == BASE_MODEL
+
+
 def test_admin_calls_see_the_callers_own_events_usage_and_storage(live_server, clients, rest_bob):
     service, training, _ = clients
     admin = tinker.AdminClient(base_url=live_server[0], api_key=KEYS["alice"])

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import threading
 import uuid
 from typing import Any, Literal
@@ -22,6 +23,7 @@ from twinkle.server.state.records import CheckpointRecord, SamplingSessionRecord
 AUDIT, USAGE, SESSION_INFO = "audit/", "usage/", "session_info/"
 FLUSH_S = 5.0
 HOUR_S = 3600
+_EVENT_SEQ = itertools.count()
 UsageKind = Literal["training", "sampling_prefill", "sampling_sample"]
 
 
@@ -74,7 +76,10 @@ class ActivityMixin(StateBase):
         """Append an audit event of ``owner`` (details: ids and paths, never secrets)."""
         now = self.clock()
         record = AuditEventRecord(owner=owner, timestamp=now, event=event, event_details=details)
-        key = f"{AUDIT}{owner}/{int(now * 1e6):020d}-{uuid.uuid4().hex[:8]}"
+        # Time, then this process's sequence (events of one instant keep their order), then a
+        # random part (replicas never collide).
+        seq = next(_EVENT_SEQ)
+        key = f"{AUDIT}{owner}/{int(now * 1e6):020d}-{seq:012d}-{uuid.uuid4().hex[:8]}"
         self.store.put(key, record.model_dump(mode="json"))
         return record
 
@@ -84,7 +89,7 @@ class ActivityMixin(StateBase):
         """``owner``'s events with ``start <= timestamp < end``, oldest first."""
         found = [
             AuditEventRecord.model_validate(raw)
-            for _, raw in self.store.scan(f"{AUDIT}{owner}/")
+            for _, raw in sorted(self.store.scan(f"{AUDIT}{owner}/"), key=lambda kv: kv[0])
             if raw.get("owner") == owner
         ]
         found = [
@@ -92,7 +97,7 @@ class ActivityMixin(StateBase):
             for e in found
             if (start is None or e.timestamp >= start) and (end is None or e.timestamp < end)
         ]
-        return sorted(found, key=lambda e: e.timestamp)
+        return found
 
     # -- the audited operations -----------------------------------------------------------------
     def create_session(self, owner: str, *args: Any, **kwargs: Any) -> SessionRecord:
