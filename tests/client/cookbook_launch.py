@@ -23,7 +23,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 COOKBOOK = REPO / "cookbook" / "client"
-RAY = str(Path(sys.executable).with_name("ray"))
+# The `ray` command of this interpreter; `python -m ray.scripts.scripts` where no script was
+# installed next to it (a venv that reuses the system's site-packages).
+_RAY_SCRIPT = Path(sys.executable).with_name("ray")
+RAY_COMMAND = (
+    [str(_RAY_SCRIPT)] if _RAY_SCRIPT.exists() else [sys.executable, "-m", "ray.scripts.scripts"]
+)
 TWINKLE_SERVER = str(Path(sys.executable).with_name("twinkle-server"))
 KEY = "EMPTY_API_KEY"  # what the client scripts send by default
 SEEDS = [
@@ -95,7 +100,7 @@ def ray_head(env: dict[str, str], num_gpus: int = 4, num_cpus: int = 4):
     log = temp / "head.log"
     with open(log, "wb") as out:
         head = subprocess.Popen(
-            [RAY, "start", "--head", "--block", f"--num-gpus={num_gpus}",
+            [*RAY_COMMAND, "start", "--head", "--block", f"--num-gpus={num_gpus}",
              f"--num-cpus={num_cpus}", f"--port={port}", "--node-ip-address=127.0.0.1",
              "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}"],
             env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,

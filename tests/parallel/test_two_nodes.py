@@ -17,7 +17,12 @@ from twinkle.parallel import DeviceGroup
 
 pytestmark = pytest.mark.integration
 
-RAY = str(Path(sys.executable).with_name("ray"))
+# The `ray` command of this interpreter; `python -m ray.scripts.scripts` where no script was
+# installed next to it (a venv that reuses the system's site-packages).
+_RAY_SCRIPT = Path(sys.executable).with_name("ray")
+RAY_COMMAND = (
+    [str(_RAY_SCRIPT)] if _RAY_SCRIPT.exists() else [sys.executable, "-m", "ray.scripts.scripts"]
+)
 
 
 def _free_port() -> int:
@@ -33,7 +38,7 @@ def _ray_start(*args: str, log: Path) -> subprocess.Popen:
     env.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
     with open(log, "wb") as out:
         return subprocess.Popen(
-            [RAY, "start", "--block", "--node-ip-address=127.0.0.1", *args],
+            [*RAY_COMMAND, "start", "--block", "--node-ip-address=127.0.0.1", *args],
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -30,7 +30,12 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 E2E = REPO / "cookbook" / "client" / "server" / "transformer" / "server_config_e2e.yaml"
-RAY = str(Path(sys.executable).with_name("ray"))
+# The `ray` command of this interpreter; `python -m ray.scripts.scripts` where no script was
+# installed next to it (a venv that reuses the system's site-packages).
+_RAY_SCRIPT = Path(sys.executable).with_name("ray")
+RAY_COMMAND = (
+    [str(_RAY_SCRIPT)] if _RAY_SCRIPT.exists() else [sys.executable, "-m", "ray.scripts.scripts"]
+)
 KEY = "placement-test-key"
 
 
@@ -44,7 +49,7 @@ def _ray_start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Po
     with open(log, "wb") as out:
         return subprocess.Popen(
             [
-                RAY,
+                *RAY_COMMAND,
                 "start",
                 "--block",
                 "--node-ip-address=127.0.0.1",
