@@ -51,12 +51,15 @@ def tinker_adapter_info(service: Any, call: Call, request: Empty) -> dict[str, A
 
 def tinker_operations() -> OperationTable:
     """The Tinker-only operations, to add to the native table of a model deployment."""
-    return OperationTable(
-        [
-            Operation("tinker_optim_step", OptimStep, tinker_optim_step, steps=True),
-            Operation("tinker_adapter_info", Empty, tinker_adapter_info),
-        ]
-    ) + weights_operations()
+    return (
+        OperationTable(
+            [
+                Operation("tinker_optim_step", OptimStep, tinker_optim_step, steps=True),
+                Operation("tinker_adapter_info", Empty, tinker_adapter_info),
+            ]
+        )
+        + weights_operations()
+    )
 
 
 __all__ = ["check_adam_params", "tinker_operations"]
