@@ -34,6 +34,8 @@ ALLOWED: dict[str, str] = {
     "model.MultiLoraTransformersModel.load_adapter_state_dict": "weights stay on the server; use "
     "load(twinkle_path)",
     "model.MultiLoraTransformersModel.routes": "direct calls into the torch model only exist locally",
+    "model.MultiLoraTransformersModel.adapter_peft_config": "the server writes the PEFT config into "
+    "every checkpoint it saves; read it from the checkpoint",
     "model.MultiLoraTransformersModel.tenant": "a tenant's live state (tensors, optimizer) stays on "
     "the server; get_train_configs() reports its configuration",
     "model.MultiLoraTransformersModel.capabilities": "what the backend can fuse is the server's "
@@ -47,6 +49,8 @@ ALLOWED: dict[str, str] = {
     "model.TransformersModel.adapter_state_dict": "inherited: same reason as for MultiLoraTransformersModel",
     "model.TransformersModel.load_adapter_state_dict": "inherited: same reason as for MultiLoraTransformersModel",
     "model.TransformersModel.routes": "inherited: same reason as for MultiLoraTransformersModel",
+    "model.TransformersModel.adapter_peft_config": "inherited: same reason as for "
+    "MultiLoraTransformersModel",
     "model.TransformersModel.tenant": "inherited: same reason as for MultiLoraTransformersModel",
     "model.TransformersModel.__init__": "inherited: same reason as for MultiLoraTransformersModel",
     "model.TransformersModel.direct_weight_grads": "inherited: same reason as for "
@@ -62,6 +66,11 @@ ALLOWED: dict[str, str] = {
     "sampler.MockSampler.stop_token_ids": "inherited: same reason as for Sampler",
     "sampler.vLLMSampler.prepare_prompts": "inherited: same reason as for Sampler",
     "sampler.vLLMSampler.stop_token_ids": "inherited: same reason as for Sampler",
+    "sampler.Sampler.supports_extra_logprobs": "a backend capability the server checks; a remote "
+    "sampler sends the fields and the server answers 400 where its backend lacks them",
+    "sampler.TorchSampler.supports_extra_logprobs": "inherited: same reason as for Sampler",
+    "sampler.MockSampler.supports_extra_logprobs": "inherited: same reason as for Sampler",
+    "sampler.vLLMSampler.supports_extra_logprobs": "inherited: same reason as for Sampler",
     "dataset.Dataset.hf_dataset": "the rows live on the server; there is no local HF dataset",
 }
 

@@ -59,7 +59,9 @@ def test_seed_signatures():
     assert params(DatasetMeta)[:5] == ["dataset_id", "subset_name", "split", "data_slice", "data"]
     assert params(Dataset) == ["dataset_meta"]
     assert params(Dataset.map)[1:3] == ["preprocessor", "init_args"]
-    assert params(Dataset.encode)[1:] == ["batched", "num_proc", "load_from_cache_file"]
+    # timeout= as the seed writes it for twinkle_client.dataset (a remote call's limit; accepted
+    # locally so scripts swap the import both ways).
+    assert params(Dataset.encode)[1:] == ["batched", "num_proc", "load_from_cache_file", "timeout"]
     assert params(DataLoader) == ["dataset", "batch_size", "shuffle", "seed", "drop_last"]
     assert params(Template)[:3] == ["model_id", "max_length", "truncation_strategy"]
     assert params(InputProcessor) == ["padding_side", "pad_token_id", "return_tensors"]

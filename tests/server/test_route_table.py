@@ -29,7 +29,10 @@ def _check_config(tmp_path, data, capsys) -> tuple[int, str]:
     return code, out.out + out.err
 
 
-def test_the_seed_node_rank_yaml_passes_once_completed_as_check_config_asks(tmp_path, capsys):
+def test_the_seed_node_rank_yaml_passes_once_completed_as_check_config_asks(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.delenv("TWINKLE_SERVER_API_KEYS", raising=False)
     code, report = _check_config(tmp_path, seed_data(), capsys)
     assert code != 0
     assert "applications[0].args.model_id: field required" in report
@@ -39,6 +42,9 @@ def test_the_seed_node_rank_yaml_passes_once_completed_as_check_config_asks(tmp_
         app["args"]["model_id"] = "ms://Qwen/Qwen3.5-4B"
     code, report = _check_config(tmp_path, with_ids, capsys)
     assert code != 0 and "need exactly one application with import_path 'server'" in report
+    code, report = _check_config(tmp_path, completed(), capsys)
+    assert code != 0 and "auth: no API key source" in report  # keys: the last thing it asks
+    monkeypatch.setenv("TWINKLE_SERVER_API_KEYS", "EMPTY_API_KEY")
     code, report = _check_config(tmp_path, completed(), capsys)
     assert code == 0, report
     assert "OK: 4 applications" in report

@@ -92,8 +92,6 @@ def tinker_adapter_state(service: Any, call: Call, request: Empty) -> dict[str, 
     """The live adapter: its PEFT config and weights, copied from the model in memory."""
     from safetensors.torch import save as save_tensors
 
-    from twinkle.model.transformers._checkpoints import _peft_config
-
     model = service.model
     if not hasattr(model, "adapter_state_dict"):
         raise BadRequest("inflight sampling needs the transformers backend on this server")
@@ -103,7 +101,7 @@ def tinker_adapter_state(service: Any, call: Call, request: Empty) -> dict[str, 
         for k, v in model.adapter_state_dict(call.internal).items()
     }
     return {
-        "config": _peft_config(tenant, model.model, model.model_dir),
+        "config": model.adapter_peft_config(call.internal),
         "weights_b64": base64.b64encode(save_tensors(state)).decode("ascii"),
         "step": int(tenant.cur_step),
     }

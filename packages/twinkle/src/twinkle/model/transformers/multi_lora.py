@@ -579,6 +579,10 @@ class MultiLoraTransformersModel:
     ) -> None:
         load_adapter_state_dict(self.model, self.tenant(adapter_name).name, state)
 
+    def adapter_peft_config(self, adapter_name: str | None = None) -> dict[str, Any]:
+        """The ``adapter_config.json`` a checkpoint of this tenant would carry (standard PEFT)."""
+        return _checkpoints._peft_config(self.tenant(adapter_name), self.model, self.model_dir)
+
     def routes(self, routes: list[RowRoute]):
         """Context manager: route batch rows to adapters for direct ``self.model`` calls."""
         return self.router.route(routes)
