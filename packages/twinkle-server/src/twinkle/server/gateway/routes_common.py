@@ -136,7 +136,9 @@ def create_common_router(ctx: ServerContext, backends: Backends) -> APIRouter:
         owner = ctx.authenticate(request.headers)
         state.get_run(owner, run_id)
         return {
-            "checkpoints": [checkpoint_to_wire(c) for c in state.list_checkpoints(owner, run_id)]
+            "checkpoints": [
+                checkpoint_to_wire(c) for c in state.list_checkpoints(owner, run_id) if not c.ephemeral
+            ]
         }
 
     @router.delete("/training_runs/{run_id}/checkpoints/{kind}/{name}")

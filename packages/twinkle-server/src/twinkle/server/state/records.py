@@ -65,6 +65,9 @@ class TrainingRunRecord(_Record):
     user_metadata: dict[str, Any] = Field(default_factory=dict)
 
 
+EPHEMERAL_PREFIX = "ephemeral-"
+
+
 class CheckpointRecord(_Record):
     """A saved checkpoint: ``weights/<name>`` (training state) or ``sampler_weights/<name>``."""
 
@@ -85,6 +88,12 @@ class CheckpointRecord(_Record):
         """``weights``, ``sampler_weights`` or ``external_weights``: the middle component of the
         checkpoint path."""
         return KIND_BY_CHECKPOINT_TYPE[self.checkpoint_type]
+
+    @property
+    def ephemeral(self) -> bool:
+        """A sampler snapshot made for one sampling client (Tinker's unnamed
+        ``save_weights_for_sampler``): kept until its TTL, but not a saved checkpoint to list."""
+        return self.kind == "sampler_weights" and self.name.startswith(EPHEMERAL_PREFIX)
 
     @property
     def tinker_path(self) -> str:

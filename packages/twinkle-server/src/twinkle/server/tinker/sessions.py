@@ -96,7 +96,7 @@ def session_routes(router: APIRouter, api: TinkerApi) -> None:
         request: Request, limit: int = Query(100, ge=0, le=1000), offset: int = Query(0, ge=0)
     ) -> dict:
         owner = api.ctx.authenticate(request.headers)
-        found = state.checkpoints_of(owner)
+        found = [c for c in state.checkpoints_of(owner) if not c.ephemeral]
         return {
             "checkpoints": [checkpoint_to_wire(c) for c in found[offset : offset + limit]],
             "cursor": {"offset": offset, "limit": limit, "total_count": len(found)},
@@ -135,7 +135,9 @@ def summary(api: TinkerApi, session: SessionRecord) -> dict[str, Any]:
         for r in state.list_runs(owner, limit=1 << 30)[0]
         if r.session_id == session.session_id
     }
-    ckpts = [c for c in state.checkpoints_of(owner) if c.training_run_id in runs]
+    ckpts = [
+        c for c in state.checkpoints_of(owner) if c.training_run_id in runs and not c.ephemeral
+    ]
     created = datetime.fromtimestamp(session.created_at, timezone.utc)
     return {
         "session_id": session.session_id,

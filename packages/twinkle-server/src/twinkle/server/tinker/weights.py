@@ -12,6 +12,7 @@ from twinkle.server.auth import presented_key
 from twinkle.server.errors import BadRequest
 from twinkle.server.hub import HubPublisher
 from twinkle.server.state.paths import validate_checkpoint_name
+from twinkle.server.state.records import EPHEMERAL_PREFIX
 from twinkle.server.tinker import convert
 from twinkle.server.tinker.api import (
     EPHEMERAL_TTL_S,
@@ -56,8 +57,13 @@ def weights_routes(router: APIRouter, api: TinkerApi) -> None:
         def prepare():
             run = api.run_of(owner, model_id)
             named = body.get("path") is not None
+            if named and str(body["path"]).startswith(EPHEMERAL_PREFIX):
+                raise BadRequest(
+                    f"path: names starting with '{EPHEMERAL_PREFIX}' are reserved for the "
+                    "unnamed snapshots of save_weights_and_get_sampling_client; choose another"
+                )
             name = validate_checkpoint_name(
-                body["path"] if named else f"ephemeral-{seq_id}-{uuid.uuid4().hex[:8]}"
+                body["path"] if named else f"{EPHEMERAL_PREFIX}{seq_id}-{uuid.uuid4().hex[:8]}"
             )
             api.backends.sampler(run.base_model) if not named else None
             if not named and body.get("kind") == "inflight":
