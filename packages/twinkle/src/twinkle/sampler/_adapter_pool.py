@@ -163,8 +163,16 @@ class AdapterPool:
     def put_state(self, key: str, config: dict, state: dict) -> None:
         """Load an adapter from memory (PEFT ``config`` + tensors) under ``key``, replacing the
         one there; ``acquire([key])`` then uses it. Nothing is read from or written to disk."""
+        name = self._inject("sampler-mem", config, state, where=key)
+        old = self._in_memory.pop(key, None)
+        self._in_memory[key] = name
+        if old is not None:
+            remove_adapter(self.model, old)
+
+    def _inject(self, prefix: str, config: dict, state: dict, *, where: object) -> str:
+        """Attach a new adapter built from a PEFT ``config`` and its weights; returns its name."""
         self._counter += 1
-        name = f"sampler-mem-{self._counter}"
+        name = f"{prefix}-{self._counter}"
         spec = adapter_spec_from_config(name, {**config, "lora_dropout": 0.0})
         try:
             inject_adapter(self.model, self.router, spec)
@@ -172,12 +180,9 @@ class AdapterPool:
         except ValueError as err:
             remove_adapter(self.model, name)
             raise InvalidArgumentError(
-                f"adapter {key} does not fit this sampler's base model {self.model_id!r}: {err}"
+                f"adapter {where} does not fit this sampler's base model {self.model_id!r}: {err}"
             ) from None
-        old = self._in_memory.pop(key, None)
-        self._in_memory[key] = name
-        if old is not None:
-            remove_adapter(self.model, old)
+        return name
 
     def drop_state(self, key: str) -> None:
         """Remove the in-memory adapter ``key`` (no-op when absent)."""
@@ -195,17 +200,7 @@ class AdapterPool:
         config = json.loads((path / ADAPTER_CONFIG).read_text(encoding="utf-8"))
         check_base_model(config, path, self.model_id, self.model_dir)
         state = load_file(str(path / ADAPTER_WEIGHTS))
-        self._counter += 1
-        name = f"sampler-{self._counter}"
-        spec = adapter_spec_from_config(name, {**config, "lora_dropout": 0.0})
-        try:
-            inject_adapter(self.model, self.router, spec)
-            load_adapter_state_dict(self.model, name, state)
-        except ValueError as err:
-            remove_adapter(self.model, name)
-            raise InvalidArgumentError(
-                f"adapter {path} does not fit this sampler's base model {self.model_id!r}: {err}"
-            ) from None
+        name = self._inject("sampler", config, state, where=path)
         if path in self._loaded:
             self._evict(path)
         self._loaded[path] = (name, mtime)
