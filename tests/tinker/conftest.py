@@ -11,8 +11,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 
 from inprocess import KEYS, config_dict  # noqa: E402
 from live import serve_in_thread  # noqa: E402
+from sdk_version import adapt_creation_calls, in_process, serve_in_subprocess  # noqa: E402
 
 BASE_MODEL = "tiny/qwen3.5"
+adapt_creation_calls()
 
 
 def tinker_config(tmp_path) -> dict:
@@ -30,7 +32,12 @@ def tinker_config(tmp_path) -> dict:
 
 @pytest.fixture(scope="session")
 def live_server(tmp_path_factory):
-    """(base_url, LocalServer) shared by the whole tests/tinker session."""
+    """(base_url, LocalServer) shared by the whole tests/tinker session (LocalServer is None when
+    the server runs in another process, under an older SDK: tests/tinker/sdk_version.py)."""
+    if not in_process():
+        with serve_in_subprocess(tmp_path_factory.mktemp("tinker")) as url:
+            yield url, None
+        return
     from twinkle.server.config import parse_config
     from twinkle.server.local import build_local_server
     from twinkle.server.state import MemoryStore
@@ -52,7 +59,8 @@ def service(live_server):
 
     client = tinker.ServiceClient(base_url=live_server[0], api_key=KEYS["alice"])
     yield client
-    client.close("success").result(timeout=30)
+    if hasattr(client, "close"):  # tinker>=0.33
+        client.close("success").result(timeout=30)
 
 
 @pytest.fixture(scope="session")
@@ -64,4 +72,5 @@ def service_bob(live_server):
 
     client = tinker.ServiceClient(base_url=live_server[0], api_key=KEYS["bob"])
     yield client
-    client.close("success").result(timeout=30)
+    if hasattr(client, "close"):  # tinker>=0.33
+        client.close("success").result(timeout=30)

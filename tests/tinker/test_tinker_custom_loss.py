@@ -10,6 +10,7 @@ import pytest
 import tinker
 import torch
 from inprocess import KEYS
+from sdk_version import needs_in_process_server, requires_sdk
 from tinker import types
 
 from tests.tinker.test_tinker_sdk import BASE_MODEL, DATA, SEQ, sft_datum
@@ -71,6 +72,8 @@ def assert_same(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
         torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-6)
 
 
+@needs_in_process_server
+@requires_sdk("0.38", "create_custom_loss")
 def test_server_side_cross_entropy_matches_the_builtin(service, carol, live_server):
     handle = service.create_custom_loss(ce_graph, {"logprobs": 1, "weights": 1}).result(timeout=60)
     assert handle.loss_id is not None  # uploaded: the server runs it
@@ -87,6 +90,7 @@ def test_server_side_cross_entropy_matches_the_builtin(service, carol, live_serv
     assert_same(g_builtin, g_custom)
 
 
+@needs_in_process_server
 def test_client_side_forward_backward_custom_still_works(carol, live_server):
     builtin, g_builtin = grads_after(
         live_server, carol, lambda: carol.forward_backward(DATA, "cross_entropy")
@@ -98,11 +102,13 @@ def test_client_side_forward_backward_custom_still_works(carol, live_server):
     assert_same(g_builtin, g_custom)
 
 
+@requires_sdk("0.38", "create_custom_loss")
 def test_an_op_off_the_allow_list_is_a_400_naming_it(service):
     with pytest.raises(tinker.BadRequestError, match="torch.softmax"):
         service.create_custom_loss(uses_softmax, {"logprobs": 1}).result(timeout=60)
 
 
+@requires_sdk("0.38", "create_custom_loss")
 def test_a_graph_over_the_node_limit_is_refused(service):
     with pytest.raises(tinker.BadRequestError, match="over the limit of 512"):
         service.create_custom_loss(too_many_nodes, {"logprobs": 1}).result(timeout=60)
@@ -147,6 +153,7 @@ def test_a_python_call_node_sent_raw_is_a_400_naming_it(live_server, node, named
     assert named in reply.text
 
 
+@requires_sdk("0.38", "create_custom_loss")
 def test_a_failing_custom_loss_fails_only_its_own_request(service, service_bob, carol):
     bob = service_bob.create_lora_training_client(base_model=BASE_MODEL, rank=4).result(timeout=60)
     handle = service.create_custom_loss(not_scalar, {"logprobs": 1, "weights": 1}).result(

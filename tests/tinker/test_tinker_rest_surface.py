@@ -13,9 +13,10 @@ import httpx
 import pytest
 import tinker
 from inprocess import KEYS
+from sdk_version import needs_in_process_server, requires_sdk
 from tinker import types
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, requires_sdk("0.38", "the 0.38 REST surface")]
 
 BASE_MODEL = "tiny/qwen3.5"
 SEQ = list(range(20, 44))
@@ -276,6 +277,7 @@ def test_auth_token_names_the_caller(live_server):
     assert anonymous.status_code == 401
 
 
+@needs_in_process_server
 def test_unknown_request_fields_are_ignored_and_logged_once(live_server, clients, caplog):
     url, _ = live_server
     _, training, _ = clients

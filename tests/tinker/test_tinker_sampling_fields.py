@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tinker
 import torch
+from sdk_version import requires_sdk
 from tinker import types
 
 pytestmark = pytest.mark.integration
@@ -56,6 +57,7 @@ def _check_topk(rows, lps_T_V, k):
         np.testing.assert_allclose([lps_V[t] for t in ids], [lp for _, lp in row], atol=1e-5)
 
 
+@requires_sdk("0.33", "topk_sample_logprobs")
 def test_topk_prompt_and_sample_logprobs_are_the_models_log_softmax(base_sampler, reference):
     out = base_sampler.sample(
         types.ModelInput.from_ints(PROMPT),
@@ -78,6 +80,7 @@ def test_topk_prompt_and_sample_logprobs_are_the_models_log_softmax(base_sampler
         np.testing.assert_allclose(seq.logprobs, sampled, atol=1e-5)
 
 
+@requires_sdk("0.33", "prompt_logprobs_last_n")
 def test_prompt_logprobs_last_n_scores_exactly_n(base_sampler):
     prompt = types.ModelInput.from_ints(PROMPT)
     full = base_sampler.compute_logprobs(prompt).result(timeout=60)
@@ -98,6 +101,7 @@ def test_prompt_logprobs_last_n_scores_exactly_n(base_sampler):
         base_sampler.compute_logprobs(prompt, prompt_logprobs_last_n=len(PROMPT)).result(timeout=60)
 
 
+@requires_sdk("0.33", "target_prompt_logprobs")
 def test_target_prompt_logprobs_dense_and_sparse(base_sampler, reference):
     lps = reference(PROMPT)
     ids = np.full((len(PROMPT) - 1, 2), -1, dtype=np.int64)
@@ -122,6 +126,7 @@ def test_target_prompt_logprobs_dense_and_sparse(base_sampler, reference):
         np.testing.assert_allclose(got[:, 0], out.prompt_logprobs[1:], atol=1e-6)
 
 
+@requires_sdk("0.33", "prompt_alt_tokens_k")
 def test_prompt_alt_tokens_are_draws_with_their_logprobs(base_sampler, reference):
     lps = reference(PROMPT)
     for temperature in (1.0, 0.0):

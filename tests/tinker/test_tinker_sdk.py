@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tinker
 from inprocess import KEYS
+from sdk_version import needs_in_process_server
 from tinker import types
 
 pytestmark = pytest.mark.integration
@@ -57,6 +58,7 @@ def bob(service_bob):
     return service_bob.create_lora_training_client(base_model=BASE_MODEL, rank=8).result(timeout=60)
 
 
+@needs_in_process_server
 def test_two_tenants_with_different_ranks_train_at_once_and_are_fused(live_server, alice, bob):
     assert alice.get_info().lora_rank == 4 and bob.get_info().lora_rank == 8
     assert alice.get_info().model_data.tokenizer_id.count("/") >= 3
@@ -183,6 +185,7 @@ def test_rest_client_lists_runs_and_checkpoints(service, alice, bob):
     # Publishing is tested against a stand-in hub in test_tinker_publish.py.
 
 
+@needs_in_process_server
 def test_bad_inputs_fail_fast_and_change_nothing(service, alice, live_server):
     state = live_server[1].context.state
     runs_before = len(
@@ -209,6 +212,7 @@ def test_bad_inputs_fail_fast_and_change_nothing(service, alice, live_server):
     train(alice, 1)  # the client still works, nothing waits on the refused seq_ids
 
 
+@needs_in_process_server
 def test_resubmission_is_idempotent(live_server):
     from tinker.proto.request_conv import forward_backward_request_to_proto
 

@@ -17,6 +17,7 @@ import pytest
 import tinker
 from inprocess import KEYS
 from safetensors.numpy import load as load_tensors
+from sdk_version import needs_in_process_server, requires_sdk
 from tinker import types
 
 from twinkle_client.tinker_compat import tinker_api_key
@@ -74,6 +75,7 @@ def rest_bob(service_bob):
     return service_bob.create_rest_client()
 
 
+@needs_in_process_server
 def test_copy_weights_links_the_same_bytes_into_a_new_run(
     live_server, service, alice, rest, rest_bob
 ):
@@ -99,6 +101,7 @@ def test_copy_weights_links_the_same_bytes_into_a_new_run(
         rest_bob.copy_weights(source, "proj-bob").result(timeout=30)
 
 
+@needs_in_process_server
 def test_external_weights_download_through_signed_urls(live_server, alice, rest, rest_bob):
     reference = alice.save_weights_for_sampler("ext-ref").result(timeout=60).path
     path = alice.save_weights_external("ext-plain").result(timeout=60).path
@@ -122,6 +125,7 @@ def test_external_weights_download_through_signed_urls(live_server, alice, rest,
         rest_bob.get_external_weights_urls(path).result(timeout=30)
 
 
+@needs_in_process_server
 def test_signed_urls_refuse_tampering_and_expiry(live_server, alice, rest):
     from twinkle.server.tinker.weights_external import UrlSigner
 
@@ -150,6 +154,7 @@ def test_signed_urls_refuse_tampering_and_expiry(live_server, alice, rest):
         assert http.get(f"{signed}?expires={stale}&signature={stale_sig}").status_code == 403
 
 
+@needs_in_process_server
 def test_external_weights_encrypted_to_age_recipients(live_server, alice, rest):
     import pyrage
 
@@ -185,6 +190,7 @@ def _storage_files(live_server) -> set[str]:
     return {str(p) for p in root.rglob("*") if p.is_file()}
 
 
+@needs_in_process_server
 def test_inflight_sampling_uses_the_live_adapter_without_a_checkpoint(live_server, alice, rest):
     before_ckpts = len(rest.list_checkpoints(alice.model_id).result(timeout=30).checkpoints)
     before_files = _storage_files(live_server)
@@ -232,6 +238,7 @@ print(json.dumps({"logprobs": out, "ids": [first._cloned_sampler_id, second._clo
 """
 
 
+@requires_sdk("0.38", "join_sampling_session")
 def test_sampler_handle_in_another_process_joins_the_session(live_server, alice):
     sampler = alice.save_weights_and_get_sampling_client().result(timeout=60)
     expected = sampler.compute_logprobs(PROMPT).result(timeout=60)

@@ -13,6 +13,7 @@ No torch import here: this module only touches the SDK's HTTP layer.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import uuid
 from typing import Any, overload
@@ -70,6 +71,8 @@ def _patch_service_client() -> None:
     from tinker.lib.public_interfaces.service_client import ServiceClient
 
     original = ServiceClient.__init__
+    # SDKs before 0.33 take extra headers as ``default_headers`` (passed on to the HTTP client).
+    takes_overrides = "default_headers_overrides" in inspect.signature(original).parameters
 
     @functools.wraps(original)
     def __init__(
@@ -84,7 +87,11 @@ def _patch_service_client() -> None:
         if key:
             raw = key[len(TINKER_PREFIX) :] if key.startswith(TINKER_PREFIX) else key
             headers.setdefault("Authorization", f"Bearer {raw}")
-        original(self, *args, api_key=key, default_headers_overrides=headers, **kwargs)
+        if takes_overrides:
+            kwargs["default_headers_overrides"] = headers
+        else:
+            kwargs["default_headers"] = {**headers, **kwargs.get("default_headers", {})}
+        original(self, *args, api_key=key, **kwargs)
 
     # Patching the SDK's method in place; mypy forbids assigning to a method.
     ServiceClient.__init__ = __init__  # type: ignore[method-assign]
