@@ -256,6 +256,11 @@ class ActivityMixin(StateBase):
         found = self._all("sampling/", SamplingSessionRecord, owner)
         return sorted(found, key=lambda r: (r.created_at, r.sampling_session_id))
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Update functions sent to a shared store (the Ray store actor) can capture this object;
+        # the usage buffer (a lock and counts not yet flushed) belongs to this process only.
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_usage_")}
+
     def _usage_buffer(self) -> tuple[threading.Lock, dict[_BucketKey, int]]:
         if "_usage_lock" not in self.__dict__:
             self.__dict__.setdefault("_usage_lock", threading.Lock())

@@ -34,11 +34,13 @@ class FuturesMixin(StateBase):
         return self._load(FUTURE + request_id, FutureRecord, owner, "future")
 
     def _finish(self, owner: str, request_id: str, **fields: Any) -> FutureRecord:
+        finished_at = self.clock()  # read here: the update may run in the store's process
+
         def finish(record: FutureRecord) -> FutureRecord:
             if record.status != "pending":
                 raise ConflictError(f"future {request_id} is already {record.status}")
             return FutureRecord.model_validate(
-                {**record.model_dump(), **fields, "finished_at": self.clock()}
+                {**record.model_dump(), **fields, "finished_at": finished_at}
             )
 
         return self._modify(FUTURE + request_id, FutureRecord, owner, "future", finish)
