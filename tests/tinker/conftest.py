@@ -21,9 +21,9 @@ def tinker_config(tmp_path) -> dict:
     config = config_dict(
         model_id="tiny://qwen3.5",
         sampler=True,
-        max_loras=8,
+        max_loras=32,  # every test file of the session adds adapters for the same keys
         server_args={
-            "server_config": {"per_token_model_limit": 8, "supported_models": [BASE_MODEL]}
+            "server_config": {"per_token_model_limit": 32, "supported_models": [BASE_MODEL]}
         },
     )
     config["storage"] = {"root": str(tmp_path / "storage")}
