@@ -85,4 +85,38 @@ def join_logprobs(parts: list[list[Any]]) -> list[Any]:
     return [np.asarray(row) for part in parts for row in part]
 
 
-__all__ = ["PER_ROW_KEYS", "join_logprobs", "row_count", "shard_bounds", "split_request"]
+def join_results(name: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """A tenant's ``forward_backward`` result from the ranks' shards (rank order = row order)."""
+    parts = [r[name] for r in results]
+    with_rows = [p for p in parts if "logprobs" in p]
+    rows = [len(p["logprobs"]) for p in with_rows]
+    return {
+        "loss": parts[0]["global_loss"],
+        "logprobs": join_logprobs([p["logprobs"] for p in with_rows]),
+        "num_tokens": sum(p["num_tokens"] for p in with_rows),
+        "metrics": {
+            **mean_metrics([p.get("metrics", {}) for p in with_rows], rows),
+            "loss": parts[0]["global_loss"],
+        },
+    }
+
+
+def mean_metrics(metrics: list[dict[str, float]], rows: list[int]) -> dict[str, float]:
+    """Row-weighted mean of each metric over the ranks that report it."""
+    out = {}
+    for key in {k for m in metrics for k in m}:
+        pairs = [(m[key], r) for m, r in zip(metrics, rows) if key in m]
+        weight = sum(r for _, r in pairs)
+        out[key] = sum(v * r for v, r in pairs) / weight if weight else pairs[0][0]
+    return out
+
+
+__all__ = [
+    "PER_ROW_KEYS",
+    "join_logprobs",
+    "join_results",
+    "mean_metrics",
+    "row_count",
+    "shard_bounds",
+    "split_request",
+]

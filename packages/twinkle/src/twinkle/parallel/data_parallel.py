@@ -339,7 +339,7 @@ class DataParallelModel:
             for rank in range(self.dp_size)
         ]
         results = self.replicas.gather(self.replicas.submit("forward_backward_many", per_rank))
-        return {name: _join(name, results) for name in order}
+        return {name: _sharding.join_results(name, results) for name in order}
 
     def forward_only(
         self, inputs: Any, adapter_name: str | None = None, **kwargs: Any
@@ -359,7 +359,7 @@ class DataParallelModel:
             "loss": sum(out["loss"] * r for out, r in zip(outs, rows)) / total,
             "logprobs": _sharding.join_logprobs([out["logprobs"] for out in outs]),
             "num_tokens": sum(out["num_tokens"] for out in outs),
-            "metrics": _mean_metrics([out.get("metrics", {}) for out in outs], rows),
+            "metrics": _sharding.mean_metrics([out.get("metrics", {}) for out in outs], rows),
         }
 
     def forward(
@@ -577,32 +577,6 @@ def _resolve_group(device_group: DeviceGroup | str | None) -> tuple[DeviceGroup 
             )
         return device_group, None
     return context.groups[name], context.placement_groups.get(name)
-
-
-def _join(name: str, results: list[dict[str, Any]]) -> dict[str, Any]:
-    """A tenant's ``forward_backward`` result from the ranks' shards (rank order = row order)."""
-    parts = [r[name] for r in results]
-    with_rows = [p for p in parts if "logprobs" in p]
-    rows = [len(p["logprobs"]) for p in with_rows]
-    return {
-        "loss": parts[0]["global_loss"],
-        "logprobs": _sharding.join_logprobs([p["logprobs"] for p in with_rows]),
-        "num_tokens": sum(p["num_tokens"] for p in with_rows),
-        "metrics": {
-            **_mean_metrics([p.get("metrics", {}) for p in with_rows], rows),
-            "loss": parts[0]["global_loss"],
-        },
-    }
-
-
-def _mean_metrics(metrics: list[dict[str, float]], rows: list[int]) -> dict[str, float]:
-    """Row-weighted mean of each metric over the ranks that report it."""
-    out = {}
-    for key in {k for m in metrics for k in m}:
-        pairs = [(m[key], r) for m, r in zip(metrics, rows) if key in m]
-        weight = sum(r for _, r in pairs)
-        out[key] = sum(v * r for v, r in pairs) / weight if weight else pairs[0][0]
-    return out
 
 
 __all__ = ["DataParallelModel"]
