@@ -105,12 +105,10 @@ class DataParallelModel:
         )
         self._packing = None
         if nproc_per_node and self._placement_group is None:
-            from twinkle.parallel.placement import NodePacking
+            from twinkle.parallel.placement import NodePacking, rank_bundle
 
-            bundle = {"CPU": self.num_cpus, "GPU": self.num_gpus, **self.resources}
-            self._packing = NodePacking(
-                dp_size, nproc_per_node, {k: v for k, v in bundle.items() if v}, start_timeout_s
-            )
+            bundle = rank_bundle(self.num_cpus, self.num_gpus, self.resources)
+            self._packing = NodePacking(dp_size, nproc_per_node, bundle, start_timeout_s)
         self.adapters: dict[str, _Adapter] = {}
         self._forward_ranks: dict[str, list[int]] = {}
         self.replicas = ReplicaSet(self._start_worker, dp_size)

@@ -33,6 +33,14 @@ def compute_device(device_type: str) -> str:
     return "cpu"
 
 
+def rank_bundle(
+    num_cpus: float, num_gpus: float, resources: dict[str, float] | None = None
+) -> dict[str, float]:
+    """What one rank reserves, as a placement-group bundle (zero amounts left out)."""
+    bundle = {"CPU": num_cpus, "GPU": num_gpus, **(resources or {})}
+    return {k: float(v) for k, v in bundle.items() if v}
+
+
 def placement_report(device: str | None = None) -> dict[str, Any]:
     """This process's place: Ray node id, assigned resources, ``CUDA_VISIBLE_DEVICES``, pid."""
     report: dict[str, Any] = {

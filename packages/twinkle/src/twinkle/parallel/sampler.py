@@ -60,12 +60,10 @@ class DataParallelSampler:
         remote = ray.remote(_SamplerWorker)
         self._packing = None
         if nproc_per_node and placement_group is None:
-            from twinkle.parallel.placement import NodePacking
+            from twinkle.parallel.placement import NodePacking, rank_bundle
 
-            bundle = {"CPU": num_cpus, "GPU": num_gpus, **(resources or {})}
-            self._packing = NodePacking(
-                dp_size, nproc_per_node, {k: float(v) for k, v in bundle.items() if v}
-            )
+            bundle = rank_bundle(num_cpus, num_gpus, resources)
+            self._packing = NodePacking(dp_size, nproc_per_node, bundle)
 
         def start(rank: int) -> Any:
             where = (
