@@ -20,6 +20,7 @@ SUITE=(
   tests/tinker/test_tinker_sampling_fields.py
   tests/tinker/test_tinker_weights_external.py
   tests/tinker/test_tinker_custom_loss.py
+  tests/tinker/test_tinker_jwt_auth.py
 )
 
 VERSIONS=()

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
@@ -136,7 +137,7 @@ def test_signed_urls_refuse_tampering_and_expiry(live_server, alice, rest):
     state = live_server[1].context.state
     owner = owner_of(live_server, "alice")
     stale = int(state.clock()) - 1
-    stale_sig = UrlSigner(state).sign(
+    stale_sig = UrlSigner(live_server[1].context.signer).sign(
         f"{owner}/{alice.model_id}/ext-sig/adapter_config.json", stale
     )
     with httpx.Client() as http:
@@ -262,3 +263,38 @@ def test_sampler_handle_in_another_process_joins_the_session(live_server, alice)
     foreign = tinker.SamplingClient.from_sampler_handle(handle, api_key=tinker_api_key(KEYS["bob"]))
     with pytest.raises(tinker.NotFoundError):
         foreign.compute_logprobs(PROMPT).result(timeout=60)
+
+
+def test_checkpoint_archive_url_of_the_older_sdks(live_server, alice, rest, service_bob):
+    """``get_checkpoint_archive_url`` (tinker 0.27/0.33; 0.38 dropped it): a signed ``.tar.gz``
+    of the checkpoint; another tenant's URL request is 404 and a changed URL is refused."""
+    import io
+    import tarfile
+
+    path = alice.save_state("archived").result(timeout=60).path
+    run_id, _, checkpoint_id = path.removeprefix("tinker://").partition("/")
+    if hasattr(rest, "get_checkpoint_archive_url"):
+        url = rest.get_checkpoint_archive_url(run_id, checkpoint_id).result(timeout=60).url
+    else:
+        with httpx.Client(base_url=live_server[0], timeout=30) as http:
+            reply = http.get(
+                f"/api/v1/training_runs/{run_id}/checkpoints/{checkpoint_id}/archive",
+                headers={"X-API-Key": tinker_api_key(KEYS["alice"])},
+            )
+        assert reply.status_code == 200, reply.text
+        assert datetime.fromisoformat(reply.json()["expires"]) > datetime.now(timezone.utc)
+        url = reply.json()["url"]
+    with httpx.Client(base_url=live_server[0], timeout=30) as http:
+        bob = http.get(
+            f"/api/v1/training_runs/{run_id}/checkpoints/{checkpoint_id}/archive",
+            headers={"X-API-Key": tinker_api_key(KEYS["bob"])},
+        )
+        archive = http.get(url)
+        tampered = http.get(url.replace("archived.tar.gz", "other.tar.gz"))
+    assert bob.status_code == 404
+    assert archive.status_code == 200 and tampered.status_code == 403
+    with tarfile.open(fileobj=io.BytesIO(archive.content), mode="r:gz") as tar:
+        names = set(tar.getnames())
+        config = json.loads(tar.extractfile("adapter_config.json").read())
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= names
+    assert config["r"] == 4

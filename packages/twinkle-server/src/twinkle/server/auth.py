@@ -1,6 +1,7 @@
 """API-key authentication: who is calling, as a tenant id.
 
-Keys come from the server config, a keys file (one per line, ``#`` comment lines) and the environment
+A caller presents an API key, or a short-lived JWT the server minted for one of its keys
+(``auth/token``; :mod:`twinkle.server.signing`), which the Tinker SDK exchanges its key for. Keys come from the server config, a keys file (one per line, ``#`` comment lines) and the environment
 variable ``TWINKLE_SERVER_API_KEYS`` (comma-separated). A server without any key refuses to start
 unless anonymous access is requested explicitly. Only sha256 digests of the keys are kept; a
 presented key is compared with every digest in constant time (``hmac.compare_digest``).
@@ -14,11 +15,13 @@ import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fastapi import HTTPException, Request
 
 from twinkle._logging import get_logger
 from twinkle.server.errors import Unauthorized
+from twinkle.server.signing import looks_like_jwt
 from twinkle.server.state.paths import tenant_id_for_key
 
 logger = get_logger(__name__)
@@ -29,15 +32,21 @@ TINKER_KEY_PREFIX = "tml-"
 PUBLIC_PATHS = frozenset({"/healthz", "/api/v1/healthz", "/health"})
 MISSING_KEY = "missing API key: send Authorization: Bearer <key> or X-API-Key"
 INVALID_KEY = "invalid API key"
+INVALID_TOKEN_CHALLENGE = 'Bearer error="invalid_token"'
 
 
 class AuthError(Unauthorized):
-    """A request without a valid key; ``status_code`` is 401."""
+    """A request without a valid key; ``status_code`` is 401.
 
-    def __init__(self, status_code: int, detail: str) -> None:
+    ``challenge`` is the ``WWW-Authenticate`` value: a rejected token says ``invalid_token``
+    (RFC 6750), which tells the Tinker SDK to exchange its key for a fresh one and retry.
+    """
+
+    def __init__(self, status_code: int, detail: str, challenge: str = "Bearer") -> None:
         super().__init__(detail)
         self.status = self.status_code = status_code
         self.detail = detail
+        self.challenge = challenge
 
 
 class AuthConfigError(ValueError):
@@ -89,6 +98,8 @@ class ApiKeyAuth:
             refusing to start. Ignored when keys are configured.
         environ: The environment to read ``env_var`` from (default ``os.environ``).
         digests: Hex sha256 digests of further keys (``auth.api_key_sha256``).
+        tokens: Verifies presented JWTs (``verify_jwt(token) -> claims``, raising ``ValueError``);
+            without it only keys are accepted.
 
     Raises:
         AuthConfigError: No key configured and ``allow_anonymous`` is false, or the keys file
@@ -103,6 +114,7 @@ class ApiKeyAuth:
         allow_anonymous: bool = False,
         environ: Mapping[str, str] | None = None,
         digests: Iterable[str] = (),
+        tokens: Any = None,
     ) -> None:
         environ = os.environ if environ is None else environ
         collected = [k.strip() for k in keys]
@@ -117,6 +129,9 @@ class ApiKeyAuth:
         # as tenant_id_for_key computes it from the raw key.
         for hexdigest in digests:
             self._keys.setdefault(bytes.fromhex(hexdigest), (hexdigest[:16], f"#{hexdigest[:6]}"))
+        self._tokens = tokens
+        # A token names a tenant; it is accepted only while one of the tenant's keys still is.
+        self._tenant_hints = {tenant: hint for tenant, hint in self._keys.values()}
         self.anonymous = not self._keys
         if self.anonymous and not allow_anonymous:
             raise AuthConfigError(
@@ -157,9 +172,23 @@ class ApiKeyAuth:
         identity = self._match(key)
         if identity is None and key.startswith(TINKER_KEY_PREFIX):
             identity = self._match(key[len(TINKER_KEY_PREFIX) :])
+        if identity is None and self._tokens is not None and looks_like_jwt(key):
+            return self._token_principal(key)
         if identity is None:
             raise AuthError(401, INVALID_KEY)
         return Principal(tenant_id=identity[0], key_hint=identity[1])
+
+    def _token_principal(self, token: str) -> Principal:
+        try:
+            tenant = self._tokens.verify_jwt(token)["org_id"]
+        except ValueError as exc:
+            raise AuthError(401, f"invalid token: {exc}", INVALID_TOKEN_CHALLENGE) from None
+        hint = self._tenant_hints.get(tenant)
+        if hint is None:
+            raise AuthError(
+                401, "invalid token: its API key is no longer accepted", INVALID_TOKEN_CHALLENGE
+            )
+        return Principal(tenant_id=tenant, key_hint=f"token{hint}")
 
 
 def presented_key(headers: Mapping[str, str]) -> str | None:
@@ -169,6 +198,17 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
     :mod:`twinkle.server.hub`); never store or log it.
     """
     return _presented_key(headers)
+
+
+def caller_key(headers: Mapping[str, str], signer: Any) -> str | None:
+    """The caller's API key: the presented one, or the one sealed in a presented token of ours.
+
+    Only for the caller's own use within the request (the hub token rule); never store or log it.
+    """
+    key = _presented_key(headers)
+    if key and looks_like_jwt(key):
+        return signer.sealed_key(key)
+    return key
 
 
 def _presented_key(headers: Mapping[str, str]) -> str | None:
@@ -199,7 +239,7 @@ def require_principal(auth: ApiKeyAuth) -> Callable[[Request], Awaitable[Princip
                 raise HTTPException(
                     status_code=exc.status_code,
                     detail=exc.detail,
-                    headers={"WWW-Authenticate": "Bearer"},
+                    headers={"WWW-Authenticate": exc.challenge},
                 ) from exc
         request.state.principal = principal
         return principal

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from twinkle.server.config import ServerArgs, ServerConfig
+from twinkle.server.signing import Signer
 from twinkle.server.state import ServerState
 from twinkle.server.web import Authenticator, authenticator_from
 
@@ -19,6 +20,7 @@ class ServerContext:
     state: ServerState
     authenticate: Authenticator
     server_args: ServerArgs
+    signer: Signer
 
     @property
     def storage_root(self) -> Path:
@@ -40,12 +42,14 @@ def build_context(config: ServerConfig | dict[str, Any], store: Any = None) -> S
 
     if isinstance(config, dict):
         config = ServerConfig.model_validate(config)
+    state = ServerState(store if store is not None else shared_store(config.persistence))
+    signer = Signer(state)
     auth = ApiKeyAuth(
         keys=config.auth.api_keys,
         keys_file=config.auth.api_keys_file,
         env_var=config.auth.api_keys_env,
         allow_anonymous=config.auth.allow_anonymous,
         digests=config.auth.api_key_sha256,
+        tokens=signer,
     )
-    state = ServerState(store if store is not None else shared_store(config.persistence))
-    return ServerContext(config, state, authenticator_from(auth), gateway_args(config))
+    return ServerContext(config, state, authenticator_from(auth), gateway_args(config), signer)

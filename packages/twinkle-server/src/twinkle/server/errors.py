@@ -43,8 +43,14 @@ class ServiceError(Exception):
         self.request_id = request_id
 
     def to_dict(self) -> dict:
-        """The JSON error body: ``error``, ``category``, ``code`` and, when known, ``request_id``."""
-        body = {"error": self.message, "category": self.category, "code": self.code}
+        """The JSON error body: ``error``, ``category``, ``code`` and, when known, ``request_id``;
+        ``detail`` repeats the message under FastAPI's name, which the tinker CLI prints."""
+        body = {
+            "error": self.message,
+            "detail": self.message,
+            "category": self.category,
+            "code": self.code,
+        }
         if self.request_id:
             body["request_id"] = self.request_id
         return body
@@ -60,7 +66,10 @@ class BadRequest(ServiceError):
 
 
 class Unauthorized(ServiceError):
+    """No valid credential; ``challenge`` is the response's ``WWW-Authenticate`` header."""
+
     status, category = 401, "user"
+    challenge = "Bearer"
 
 
 class Forbidden(ServiceError):

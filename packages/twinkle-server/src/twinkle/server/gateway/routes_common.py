@@ -137,7 +137,9 @@ def create_common_router(ctx: ServerContext, backends: Backends) -> APIRouter:
         state.get_run(owner, run_id)
         return {
             "checkpoints": [
-                checkpoint_to_wire(c) for c in state.list_checkpoints(owner, run_id) if not c.ephemeral
+                checkpoint_to_wire(c)
+                for c in state.list_checkpoints(owner, run_id)
+                if not c.ephemeral
             ]
         }
 

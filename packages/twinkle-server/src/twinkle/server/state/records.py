@@ -24,7 +24,8 @@ CHECKPOINT_TYPE_BY_KIND: dict[str, CheckpointType] = {
     "external_weights": "external",
 }
 KIND_BY_CHECKPOINT_TYPE: dict[str, CheckpointKind] = {
-    t: k for k, t in CHECKPOINT_TYPE_BY_KIND.items()  # type: ignore[misc]
+    t: k
+    for k, t in CHECKPOINT_TYPE_BY_KIND.items()  # type: ignore[misc]
 }
 
 

@@ -5,14 +5,16 @@
 - ``billing/usage/events``: the caller's hourly tokens trained, prompted and sampled, and its
   checkpoint saves. Twinkle bills nothing: every cost and rate is ``0.0``, in Tinker's shape;
 - ``billing/usage/checkpoints/current``: the bytes the caller's checkpoints hold now, per project;
-- ``auth/token``: a short-lived HS256 JWT naming the caller. The client config keeps
-  ``pjwt_auth_enabled`` off (keys stay the credential), so the SDK does not exchange keys for it.
+- ``auth/token``: a short-lived HS256 JWT naming the caller, minted for an API key (never for
+  another token, so a stolen token dies with its hour). The client config turns
+  ``pjwt_auth_enabled`` on, so the SDK exchanges its key for one, presents it instead of the key and
+  reads ``whoami`` from its claims;
+- ``auth/apikey/me``: GET describes the presented key (``tinker auth login`` checks a key with it);
+  DELETE is refused with 403: keys are the server's configuration, not the caller's to delete.
 """
 
 from __future__ import annotations
 
-import json
-import time
 from collections import Counter
 from datetime import date, datetime, timedelta, timezone
 from typing import Any
@@ -20,14 +22,14 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import TypeAdapter, ValidationError
 
-from twinkle.server.errors import BadRequest
-from twinkle.server.tinker import traces
+from twinkle.server.auth import presented_key
+from twinkle.server.errors import BadRequest, Forbidden, Unauthorized
+from twinkle.server.signing import JWT_TTL_S, looks_like_jwt
 from twinkle.server.tinker.api import TinkerApi
 from twinkle.server.tinker.sessions import DEFAULT_PROJECT, owner_urn
 
 AUDIT_TYPES = {"all": "", "checkpoints": "checkpoint_", "projects": "project_"}
 EMPTY_AUDIT_TYPES = ("teams", "organizations")  # no teams or organisations in Twinkle
-JWT_TTL_S = 3600
 GIGABYTE = 1e9
 
 
@@ -101,7 +103,31 @@ def admin_routes(router: APIRouter, api: TinkerApi) -> None:
     @router.post("/auth/token")
     async def auth_token(request: Request) -> dict:
         owner = api.ctx.authenticate(request.headers)
-        return {"jwt": mint_jwt(state, owner)}
+        key = presented_key(request.headers) or ""
+        if looks_like_jwt(key):
+            raise Unauthorized("auth/token takes an API key, not a token")
+        return {"jwt": api.ctx.signer.mint_jwt(owner, owner_urn(owner), JWT_TTL_S, key=key)}
+
+    @router.get("/auth/apikey/me")
+    async def describe_own_key(request: Request) -> dict:
+        owner = api.ctx.authenticate(request.headers)
+        return {
+            "key_id": int(owner, 16) if _is_hex(owner) else 0,
+            "name": f"twinkle-{owner}",
+            "note": "an API key from this Twinkle server's configuration",
+            "details": {
+                "org_details": {"name": owner},
+                "user_details": {"email": owner_urn(owner)},
+            },
+        }
+
+    @router.delete("/auth/apikey/me")
+    async def delete_own_key(request: Request) -> dict:
+        api.ctx.authenticate(request.headers)
+        raise Forbidden(
+            "API keys are set by the server's configuration (auth.api_keys, auth.api_keys_file, "
+            "TWINKLE_SERVER_API_KEYS); ask the operator to remove this key"
+        )
 
 
 def count_sample_usage(
@@ -117,13 +143,12 @@ def count_sample_usage(
     state.count_usage(owner, "sampling_sample", sampled, base_model, session_id)
 
 
-def mint_jwt(state: Any, owner: str, ttl_s: int = JWT_TTL_S) -> str:
-    """An HS256 JWT with the claims ``whoami`` reads (``sub``, ``org_id``) and ``iat``/``exp``."""
-    now = int(time.time())
-    header = traces.b64url(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
-    claims = {"sub": owner_urn(owner), "org_id": owner, "iss": "twinkle", "iat": now}
-    body = traces.b64url(json.dumps({**claims, "exp": now + ttl_s}).encode())
-    return f"{header}.{body}.{traces.mac(state, f'{header}.{body}')}"
+def _is_hex(text: str) -> bool:
+    try:
+        int(text, 16)
+    except ValueError:
+        return False
+    return True
 
 
 def _entry(owner: str, event: Any) -> dict[str, Any]:

@@ -21,7 +21,7 @@ LONG_POLL_S = 25.0
 EPHEMERAL_TTL_S = 24 * 3600.0
 CLIENT_CONFIG = {
     "use_pyqwest_transport": False,
-    "pjwt_auth_enabled": False,
+    "pjwt_auth_enabled": True,
     "parallel_fwdbwd_chunks": True,
     "proto_compress_fwdbwd": True,
     "sample_use_retrieve_futures": True,

@@ -71,11 +71,14 @@ def session_routes(router: APIRouter, api: TinkerApi) -> None:
     async def trace_export(session_id: str, request: Request) -> dict:
         owner = api.ctx.authenticate(request.headers)
         state.get_session(owner, session_id)
-        return {"status": "ready", "url": traces.signed_url(state, request, owner, session_id)}
+        return {
+            "status": "ready",
+            "url": traces.signed_url(api.ctx.signer, request, owner, session_id),
+        }
 
     @router.get("/trace_exports/{token}")
     async def trace_download(token: str) -> dict:
-        owner, session_id = traces.verify(state, token)
+        owner, session_id = traces.verify(api.ctx.signer, token)
         return traces.build(state, owner, session_id)
 
     @router.post("/sessions/search")

@@ -8,7 +8,7 @@ import uuid
 
 from fastapi import APIRouter, Request
 
-from twinkle.server.auth import presented_key
+from twinkle.server.auth import caller_key
 from twinkle.server.errors import BadRequest
 from twinkle.server.hub import HubPublisher
 from twinkle.server.state.paths import validate_checkpoint_name
@@ -110,7 +110,7 @@ def weights_routes(router: APIRouter, api: TinkerApi) -> None:
         owner = api.ctx.authenticate(request.headers)
         record = api.state.get_checkpoint(owner, run_id, f"{kind}/{name}")
         hub = HubPublisher.from_config(api.ctx.config.hub)
-        key = presented_key(request.headers)
+        key = caller_key(request.headers, api.ctx.signer)
         repo_name = re.sub(r"[^A-Za-z0-9_.\-]", "-", f"{run_id}-{name}")[:96]
 
         def upload() -> dict:

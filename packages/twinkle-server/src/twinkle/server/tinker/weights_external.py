@@ -12,25 +12,32 @@ its signed download URLs, ``join_sampling_session``.
   file, signed with HMAC-SHA256 over ``path + expiry`` under a server secret kept in the shared
   state (every gateway replica verifies every URL). The download route needs no API key and
   refuses expired or altered URLs with 403; only the checkpoint's owner can mint URLs.
+- ``GET training_runs/{id}/checkpoints/{kind}/{name}/archive`` (``get_checkpoint_archive_url`` of
+  the SDKs before 0.38, which 0.38 dropped): a signed URL, as above, of a ``.tar.gz`` of the
+  checkpoint's regular files, built when it is downloaded.
 - ``join_sampling_session``: a new, unique ``client_counter`` (from 1; the original client is 0)
   for a client rebuilt from a sampler handle (``SamplingClient.from_sampler_handle``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import os
-import secrets
 import shutil
+import tarfile
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse
+from starlette.background import BackgroundTask
 
 from twinkle.server.errors import BadRequest, Forbidden, NotFound
+from twinkle.server.signing import Signer
 from twinkle.server.state import checkpoint_dir
 from twinkle.server.state.paths import parse_checkpoint_path, validate_checkpoint_name
 from twinkle.server.tinker import convert
@@ -40,27 +47,20 @@ from twinkle.server.web import read_json
 
 URL_TTL_S = 3600.0
 MIN_TTL_S, MAX_TTL_S = 3600, 10 * 365 * 24 * 3600
-_SECRET_KEY = "tinker/url_signing_secret"
 _DOWNLOAD = "external_weights_files"
+_ARCHIVES = "checkpoint_archives"
 
 
 class UrlSigner:
-    """HMAC-SHA256 signatures over ``<path>\\n<expires>`` with a secret shared through the state."""
+    """Hex HMAC-SHA256 signatures over ``<path>\\n<expires>`` under the server's secret."""
 
-    def __init__(self, state) -> None:
-        self.state = state
-        self._secret: bytes | None = None
-
-    def secret(self) -> bytes:
-        if self._secret is None:
-            value = self.state.store.update(
-                _SECRET_KEY, lambda v: v or {"hex": secrets.token_hex(32)}
-            )
-            self._secret = bytes.fromhex(value["hex"])
-        return self._secret
+    def __init__(self, signer: Signer) -> None:
+        self.signer = signer
 
     def sign(self, path: str, expires: int) -> str:
-        return hmac.new(self.secret(), f"{path}\n{expires}".encode(), hashlib.sha256).hexdigest()
+        return hmac.new(
+            self.signer.secret(), f"{path}\n{expires}".encode(), hashlib.sha256
+        ).hexdigest()
 
     def verify(self, path: str, expires: str, signature: str, now: float) -> None:
         """Raise :class:`Forbidden` unless ``signature`` is ours for ``path`` and not expired."""
@@ -72,6 +72,17 @@ class UrlSigner:
             raise Forbidden("invalid download URL signature")
         if when <= now:
             raise Forbidden("download URL expired")
+
+
+def _pack(root: Path) -> str:
+    """A temporary ``.tar.gz`` of the regular files under ``root`` (links are left out, so a link
+    planted in storage cannot pull in another file)."""
+    fd, packed = tempfile.mkstemp(suffix=".tar.gz")
+    with os.fdopen(fd, "wb") as out, tarfile.open(fileobj=out, mode="w:gz") as tar:
+        for path in sorted(root.rglob("*")):
+            if path.is_file() and not path.is_symlink():
+                tar.add(path, arcname=path.relative_to(root).as_posix(), recursive=False)
+    return packed
 
 
 def _check_ttl(ttl) -> float | None:
@@ -143,7 +154,7 @@ def copy_checkpoint(api: TinkerApi, owner: str, body: dict) -> dict:
 
 
 def weights_external_routes(router: APIRouter, api: TinkerApi) -> None:
-    signer = UrlSigner(api.state)
+    signer = UrlSigner(api.ctx.signer)
 
     @router.post("/copy_weights")
     async def copy_weights(request: Request) -> dict:
@@ -232,6 +243,37 @@ def weights_external_routes(router: APIRouter, api: TinkerApi) -> None:
         if not path.is_relative_to(root) or not path.is_file():
             raise NotFound(f"{rel} is not a file of this checkpoint")
         return FileResponse(path, media_type="application/octet-stream")
+
+    @router.get("/training_runs/{run_id}/checkpoints/{kind}/{name}/archive")
+    async def checkpoint_archive_url(run_id: str, kind: str, name: str, request: Request) -> dict:
+        owner = api.ctx.authenticate(request.headers)
+        parse_checkpoint_path(f"tinker://{run_id}/{kind}/{name}")
+        api.state.get_checkpoint(owner, run_id, f"{kind}/{name}")
+        expires = int(api.state.clock() + URL_TTL_S)
+        signed = f"{owner}/{run_id}/{kind}/{name}"
+        base = str(request.url).split("/training_runs/", 1)[0]
+        return {
+            "url": f"{base}/{_ARCHIVES}/{quote(signed)}.tar.gz"
+            f"?expires={expires}&signature={signer.sign('archive:' + signed, expires)}",
+            "expires": datetime.fromtimestamp(expires, timezone.utc).isoformat(),
+        }
+
+    @router.get(f"/{_ARCHIVES}/{{owner}}/{{run_id}}/{{kind}}/{{archive}}")
+    async def download_archive(
+        owner: str, run_id: str, kind: str, archive: str, expires: str = "", signature: str = ""
+    ):
+        """No API key: the URL's signature is the credential."""
+        name = archive.removesuffix(".tar.gz")
+        signed = f"{owner}/{run_id}/{kind}/{name}"
+        signer.verify("archive:" + signed, expires, signature, api.state.clock())
+        record = api.state.get_checkpoint(owner, run_id, f"{kind}/{name}")
+        packed = await asyncio.to_thread(_pack, Path(record.local_dir))
+        return FileResponse(
+            packed,
+            media_type="application/gzip",
+            filename=f"{run_id}-{name}.tar.gz",
+            background=BackgroundTask(os.unlink, packed),
+        )
 
     @router.post("/join_sampling_session")
     async def join_sampling_session(request: Request) -> dict:
