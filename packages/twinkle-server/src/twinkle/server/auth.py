@@ -1,10 +1,16 @@
 """API-key authentication: who is calling, as a tenant id.
 
 A caller presents an API key, or a short-lived JWT the server minted for one of its keys
-(``auth/token``; :mod:`twinkle.server.signing`), which the Tinker SDK exchanges its key for. Keys come from the server config, a keys file (one per line, ``#`` comment lines) and the environment
-variable ``TWINKLE_SERVER_API_KEYS`` (comma-separated). A server without any key refuses to start
-unless anonymous access is requested explicitly. Only sha256 digests of the keys are kept; a
-presented key is compared with every digest in constant time (``hmac.compare_digest``).
+(``auth/token``; :mod:`twinkle.server.signing`), which the Tinker SDK exchanges its key for.
+Keys come from the server config, a keys file (one per line, ``#`` comment lines) and the
+environment variable ``TWINKLE_SERVER_API_KEYS`` (comma-separated). A server without any key
+refuses to start unless anonymous access is requested explicitly. Only sha256 digests of the keys
+are kept; a presented key is compared with every digest in constant time (``hmac.compare_digest``).
+
+The keys file is the one source that changes while the server runs: it is checked for a new
+modification time, size or inode at most every ``reload_interval_s`` seconds (on the request that
+finds the interval passed), so a removed key, and every token minted for it, stops working and a
+new key starts working without a restart. The environment of a running process cannot change.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import threading
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +85,11 @@ def _hint(key: str) -> str:
     return f"...{key[-4:]}" if len(key) >= 12 else "***"
 
 
+def _file_signature(path: Path) -> tuple[int, int, int]:
+    info = path.stat()
+    return info.st_mtime_ns, info.st_size, info.st_ino
+
+
 def read_keys_file(path: str | os.PathLike[str]) -> list[str]:
     """Keys in a file: one per line; blank lines and lines starting with ``#`` are ignored."""
     try:
@@ -92,18 +105,24 @@ class ApiKeyAuth:
 
     Args:
         keys: Keys from the server config.
-        keys_file: A file of keys, one per line.
+        keys_file: A file of keys, one per line; re-read when it changes (see the module doc).
         env_var: Environment variable with comma-separated keys.
         allow_anonymous: With no key configured, serve everyone as tenant ``anonymous`` instead of
-            refusing to start. Ignored when keys are configured.
+            refusing to start. Ignored when keys are configured; a keys file emptied later
+            refuses everyone rather than turning anonymous.
         environ: The environment to read ``env_var`` from (default ``os.environ``).
         digests: Hex sha256 digests of further keys (``auth.api_key_sha256``).
         tokens: Verifies presented JWTs (``verify_jwt(token) -> claims``, raising ``ValueError``);
             without it only keys are accepted.
+        file_digests: Hex digests of the keys file's keys as ``launch`` read them
+            (``auth.api_keys_file_sha256``): used while ``keys_file`` cannot be read here (a
+            replica on a node without the file), replaced as soon as it can.
+        reload_interval_s: Check ``keys_file`` for changes at most this often; 0: never.
+        clock: Monotonic seconds (tests pass a fake one).
 
     Raises:
         AuthConfigError: No key configured and ``allow_anonymous`` is false, or the keys file
-            cannot be read.
+            cannot be read and no ``file_digests`` stand in for it.
     """
 
     def __init__(
@@ -115,23 +134,36 @@ class ApiKeyAuth:
         environ: Mapping[str, str] | None = None,
         digests: Iterable[str] = (),
         tokens: Any = None,
+        file_digests: Iterable[str] = (),
+        reload_interval_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         environ = os.environ if environ is None else environ
         collected = [k.strip() for k in keys]
-        if keys_file:
-            collected += read_keys_file(keys_file)
         collected += [k.strip() for k in environ.get(env_var, "").split(",")]
         # key digest -> (tenant id, hint); the raw keys are not kept.
-        self._keys: dict[bytes, tuple[str, str]] = {
-            _digest(k): (tenant_id_for_key(k), _hint(k)) for k in collected if k
-        }
-        # Digests handed over by the launcher: the tenant id is the digest's first 16 hex digits,
-        # as tenant_id_for_key computes it from the raw key.
-        for hexdigest in digests:
-            self._keys.setdefault(bytes.fromhex(hexdigest), (hexdigest[:16], f"#{hexdigest[:6]}"))
+        self._static = _identities(collected, digests)
+        self._file = Path(keys_file).expanduser() if keys_file else None
+        self._file_signature: tuple[int, int, int] | None = None
+        self._file_keys: dict[bytes, tuple[str, str]] = {}
+        self._reload_interval_s, self._clock = reload_interval_s, clock
+        self._next_check = clock() + reload_interval_s
+        self._reload_lock = threading.Lock()
         self._tokens = tokens
-        # A token names a tenant; it is accepted only while one of the tenant's keys still is.
-        self._tenant_hints = {tenant: hint for tenant, hint in self._keys.values()}
+        if self._file is not None:
+            fallback = _identities((), file_digests)
+            try:
+                self._load_file()
+            except AuthConfigError as exc:
+                if not fallback:
+                    raise
+                self._file_keys = fallback
+                logger.warning(
+                    "%s; using the %d key digests launch read from it until it can be read here",
+                    exc,
+                    len(fallback),
+                )
+        self._publish()
         self.anonymous = not self._keys
         if self.anonymous and not allow_anonymous:
             raise AuthConfigError(
@@ -142,6 +174,56 @@ class ApiKeyAuth:
             logger.warning(
                 "no API keys configured: every request is served as tenant %r", ANONYMOUS_TENANT
             )
+
+    def _load_file(self) -> None:
+        try:
+            signature = _file_signature(self._file)
+        except OSError as exc:
+            raise AuthConfigError(f"cannot read API keys file {self._file}: {exc}") from exc
+        self._file_keys = _identities(read_keys_file(self._file), ())
+        self._file_signature = signature
+
+    def _publish(self) -> None:
+        keys = {**self._file_keys, **self._static}
+        # A token names a tenant; it is accepted only while one of the tenant's keys still is.
+        # One tuple, swapped in one assignment: a concurrent request sees the old or new table.
+        self._table = (keys, {tenant: hint for tenant, hint in keys.values()})
+
+    @property
+    def _keys(self) -> dict[bytes, tuple[str, str]]:
+        return self._table[0]
+
+    def reload(self) -> bool:
+        """Re-read the keys file now if it changed; returns whether the accepted keys changed.
+
+        A file that cannot be read (mid-replace, deleted) leaves the current keys in force and
+        logs a warning; replace the file atomically (write a temp file, rename it over).
+        """
+        if self._file is None:
+            return False
+        with self._reload_lock:
+            try:
+                if _file_signature(self._file) == self._file_signature:
+                    return False
+                before = set(self._keys)
+                self._load_file()
+            except (OSError, AuthConfigError) as exc:
+                logger.warning("API keys file not reloaded, current keys stay: %s", exc)
+                return False
+            self._publish()
+            changed = set(self._keys) != before
+        if changed:
+            logger.info("API keys file %s reloaded: %d keys accepted", self._file, len(self._keys))
+        return changed
+
+    def _maybe_reload(self) -> None:
+        if self._file is None or self._reload_interval_s <= 0:
+            return
+        now = self._clock()
+        if now < self._next_check:
+            return
+        self._next_check = now + self._reload_interval_s
+        self.reload()
 
     @property
     def num_keys(self) -> int:
@@ -166,6 +248,7 @@ class ApiKeyAuth:
         """
         if self.anonymous:
             return Principal(tenant_id=ANONYMOUS_TENANT, key_hint="anonymous")
+        self._maybe_reload()
         key = _presented_key(headers)
         if not key:
             raise AuthError(401, MISSING_KEY)
@@ -183,12 +266,21 @@ class ApiKeyAuth:
             tenant = self._tokens.verify_jwt(token)["org_id"]
         except ValueError as exc:
             raise AuthError(401, f"invalid token: {exc}", INVALID_TOKEN_CHALLENGE) from None
-        hint = self._tenant_hints.get(tenant)
+        hint = self._table[1].get(tenant)
         if hint is None:
             raise AuthError(
                 401, "invalid token: its API key is no longer accepted", INVALID_TOKEN_CHALLENGE
             )
         return Principal(tenant_id=tenant, key_hint=f"token{hint}")
+
+
+def _identities(keys: Iterable[str], digests: Iterable[str]) -> dict[bytes, tuple[str, str]]:
+    identities = {_digest(k): (tenant_id_for_key(k), _hint(k)) for k in keys if k}
+    # Digests handed over by the launcher: the tenant id is the digest's first 16 hex digits,
+    # as tenant_id_for_key computes it from the raw key.
+    for hexdigest in digests:
+        identities.setdefault(bytes.fromhex(hexdigest), (hexdigest[:16], f"#{hexdigest[:6]}"))
+    return identities
 
 
 def presented_key(headers: Mapping[str, str]) -> str | None:

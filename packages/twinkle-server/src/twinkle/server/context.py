@@ -51,5 +51,7 @@ def build_context(config: ServerConfig | dict[str, Any], store: Any = None) -> S
         allow_anonymous=config.auth.allow_anonymous,
         digests=config.auth.api_key_sha256,
         tokens=signer,
+        file_digests=config.auth.api_keys_file_sha256,
+        reload_interval_s=config.auth.api_keys_reload_s,
     )
     return ServerContext(config, state, authenticator_from(auth), gateway_args(config), signer)

@@ -126,6 +126,7 @@ def config_to_dict(config: ServerConfig, *, mask_secrets: bool = True) -> dict[s
     if mask_secrets:
         data["auth"]["api_keys"] = [MASK for _ in data["auth"]["api_keys"]]
         data["auth"]["api_key_sha256"] = [MASK for _ in data["auth"]["api_key_sha256"]]
+        data["auth"]["api_keys_file_sha256"] = [MASK for _ in data["auth"]["api_keys_file_sha256"]]
     return data
 
 

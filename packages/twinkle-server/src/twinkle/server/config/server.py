@@ -64,8 +64,10 @@ class AuthConfig(StrictModel):
     """API keys accepted by the server: the union of the sources below.
 
     ``launch`` reads every source once, on the machine it runs on, and hands each replica only
-    the keys' sha256 digests (``api_key_sha256``), so replicas on other nodes accept the same keys
-    without the environment variable or the keys file being present there.
+    the keys' sha256 digests (``api_key_sha256``; the keys file's in ``api_keys_file_sha256``),
+    so replicas on other nodes accept the same keys without the environment variable or the keys
+    file being present there. The keys file's path stays: a replica that can read it there
+    follows its changes (every ``api_keys_reload_s``); one that cannot keeps the launch digests.
     """
 
     api_keys: list[str] = Field(default_factory=list)
@@ -74,12 +76,22 @@ class AuthConfig(StrictModel):
     api_key_sha256: list[str] = Field(
         default_factory=list, description="hex sha256 digests of accepted keys (no raw keys)"
     )
+    api_keys_file_sha256: list[str] = Field(
+        default_factory=list,
+        description="digests of api_keys_file's keys as launch read them, used by a replica "
+        "that cannot read the file on its node",
+    )
+    api_keys_reload_s: float = Field(
+        default=5.0,
+        ge=0,
+        description="check api_keys_file for changes at most this often (seconds); 0: never",
+    )
     allow_anonymous: bool = Field(
         default=False,
         description="accept requests without a key as tenant 'anonymous' (local development only)",
     )
 
-    @field_validator("api_key_sha256")
+    @field_validator("api_key_sha256", "api_keys_file_sha256")
     @classmethod
     def _hex_digests(cls, value: list[str]) -> list[str]:
         for digest in value:
@@ -93,13 +105,48 @@ class AuthConfig(StrictModel):
 
         keys = self.resolve_api_keys(environ)
         digests = [hashlib.sha256(k.encode("utf-8")).hexdigest() for k in keys]
-        return list(dict.fromkeys(digests + list(self.api_key_sha256)))
+        known = list(self.api_key_sha256) + list(self.api_keys_file_sha256)
+        return list(dict.fromkeys(digests + known))
 
-    def sealed(self) -> AuthConfig:
-        """This config with every key source read here and replaced by the keys' digests."""
-        return self.model_copy(
-            update={"api_keys": [], "api_keys_file": None, "api_key_sha256": self.key_digests()}
-        )
+    def sealed(self, environ: Any = None) -> AuthConfig:
+        """This config with every key read here and replaced by its digest.
+
+        The keys file's path is kept (it is no secret), its keys' digests go to
+        ``api_keys_file_sha256``, the other sources' to ``api_key_sha256``.
+        """
+        import hashlib
+
+        file_keys = self.file_api_keys()
+        without_file = {"api_keys_file": None, "api_keys_file_sha256": []}
+        others = self.model_copy(update=without_file).key_digests(environ)
+        update = {
+            "api_keys": [],
+            "api_key_sha256": others,
+            "api_keys_file_sha256": list(
+                dict.fromkeys(
+                    [hashlib.sha256(k.encode("utf-8")).hexdigest() for k in file_keys]
+                    + list(self.api_keys_file_sha256)
+                )
+            ),
+        }
+        return self.model_copy(update=update)
+
+    def file_api_keys(self) -> list[str]:
+        """The keys in ``api_keys_file`` (none without one).
+
+        Raises:
+            ConfigError: ``api_keys_file`` is set but cannot be read.
+        """
+        from twinkle.server.config._errors import ConfigError
+
+        if not self.api_keys_file:
+            return []
+        path = Path(self.api_keys_file).expanduser()
+        try:
+            lines = path.read_text().splitlines()
+        except OSError as error:
+            raise ConfigError([f"auth.api_keys_file: cannot read {path}: {error}"]) from error
+        return [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
 
     def resolve_api_keys(self, environ: Any = None) -> list[str]:
         """All configured keys: ``api_keys``, the file's lines, the env var's comma-separated list.
@@ -107,16 +154,7 @@ class AuthConfig(StrictModel):
         Raises:
             ConfigError: ``api_keys_file`` is set but cannot be read.
         """
-        from twinkle.server.config._errors import ConfigError
-
-        keys = list(self.api_keys)
-        if self.api_keys_file:
-            path = Path(self.api_keys_file).expanduser()
-            try:
-                lines = path.read_text().splitlines()
-            except OSError as error:
-                raise ConfigError([f"auth.api_keys_file: cannot read {path}: {error}"]) from error
-            keys += [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+        keys = list(self.api_keys) + self.file_api_keys()
         environ = os.environ if environ is None else environ
         keys += [k.strip() for k in environ.get(self.api_keys_env, "").split(",") if k.strip()]
         return list(dict.fromkeys(keys))
