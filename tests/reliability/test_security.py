@@ -167,3 +167,156 @@ def test_launch_seals_the_file_keys_and_replicas_follow_the_file(tmp_path, monke
     assert elsewhere.authenticate(headers(STAYS)) == tenant_id_for_key(STAYS)
     with pytest.raises(Exception, match="invalid API key"):
         elsewhere.authenticate(headers(NEW))
+
+
+# --- 2. no key or token in logs, spans or bodies ---------------------------------------------
+
+
+class _Records(__import__("logging").Handler):
+    def __init__(self) -> None:
+        import logging
+
+        super().__init__(logging.DEBUG)
+        self.texts: list[str] = []
+        self.formatter = logging.Formatter("%(name)s %(levelname)s %(message)s")
+
+    def emit(self, record) -> None:
+        # The formatted line with its traceback, and the raw arguments in case a handler
+        # formats them differently.
+        self.texts.append(self.format(record) + " " + repr(record.args))
+
+
+@pytest.fixture
+def telemetry_and_logs():
+    import logging
+
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from twinkle.server.config import TelemetryConfig
+    from twinkle.server.telemetry import setup_telemetry, shutdown_telemetry
+
+    shutdown_telemetry()
+    spans = InMemorySpanExporter()
+    setup_telemetry(
+        TelemetryConfig(enabled=True), "Gateway", metric_readers=[], span_exporters=[spans]
+    )
+    records, root = _Records(), logging.getLogger()
+    names = ("", "twinkle", "httpx", "httpcore", "fastapi", "starlette", "asyncio", "ray")
+    levels = {name: logging.getLogger(name).level for name in names}
+    for name in names:
+        logging.getLogger(name).setLevel(logging.DEBUG)
+    root.addHandler(records)
+    yield spans, records
+    root.removeHandler(records)
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+    shutdown_telemetry()
+
+
+def _span_texts(spans) -> list[str]:
+    texts = []
+    for span in spans.get_finished_spans():
+        texts.append(f"{span.name} {dict(span.attributes or {})} {span.status.description}")
+        texts += [f"{e.name} {dict(e.attributes or {})}" for e in span.events]
+        texts.append(str(dict(span.resource.attributes)))
+    return texts
+
+
+@pytest.mark.integration
+def test_no_key_or_token_in_logs_spans_or_bodies(tmp_path, telemetry_and_logs):
+    import httpx
+    from inprocess import KEYS
+
+    spans, records = telemetry_and_logs
+    server = build_local_server(
+        parse_config({**config_dict(backend="mock"), "storage": {"root": str(tmp_path / "s")}}),
+        store=MemoryStore("leak:"),
+    )
+    alice, bob = KEYS["alice"], KEYS["bob"]
+    wrong = ["wrong-secret-key-77777", "tml-wrong-secret-key-88888"]
+    bodies: list[str] = []
+    minted: list[str] = []
+    secrets = [alice, bob, *wrong]
+
+    async def call(http, method, path, key, scheme="bearer", **kwargs):
+        sent = {"X-API-Key": key} if scheme == "x-api-key" else {"Authorization": f"Bearer {key}"}
+        if scheme == "basic":
+            sent = {"Authorization": f"Basic {key}"}
+        response = await http.request(method, path, headers=sent, **kwargs)
+        text = f"{response.status_code} {dict(response.headers)} {response.text}"
+        if path.endswith("/auth/token") and response.status_code == 200:
+            minted.append(response.json()["jwt"])
+            text = text.replace(minted[-1], "<the minted token, its one legitimate place>")
+        bodies.append(text)
+        return response
+
+    async def scenario():
+        transport = httpx.ASGITransport(app=server.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            token = await call(http, "POST", "/api/v1/auth/token", f"tml-{alice}", json={})
+            token = token.json()["jwt"]
+            head, body, signature = token.split(".")
+            forged = f"{head}.{body}.{signature[::-1]}"
+            secrets.extend([token, forged, signature, body])
+            for key in (alice, f"tml-{bob}", token):
+                assert (await call(http, "GET", ME, key)).status_code == 200
+                assert (await call(http, "GET", ME, key, "x-api-key")).status_code == 200
+            for key in (*wrong, forged, f"{head}.{body}"):
+                assert (await call(http, "GET", ME, key)).status_code == 401
+            assert (await call(http, "GET", ME, alice, "basic")).status_code == 401
+            # A token cannot mint a token; a token on a wrong route is still only a 401/404.
+            assert (
+                await call(http, "POST", "/api/v1/auth/token", token, json={})
+            ).status_code == 401
+            session = await call(
+                http,
+                "POST",
+                "/api/v1/create_session",
+                token,
+                json={
+                    "tags": [],
+                    "user_metadata": {},
+                    "sdk_version": "0.38.0",
+                    "type": "create_session",
+                },
+            )
+            assert session.status_code == 200, session.text
+            sid = session.json()["session_id"]
+            created = await call(
+                http,
+                "POST",
+                "/api/v1/create_model",
+                token,
+                json={
+                    "session_id": sid,
+                    "model_seq_id": 0,
+                    "base_model": "tiny/qwen3",
+                    "lora_config": {"rank": 4},
+                },
+            )
+            assert created.status_code == 200, created.text
+            request_id = created.json()["request_id"]
+            deadline = time.monotonic() + 30
+            while True:
+                got = await call(
+                    http, "POST", "/api/v1/retrieve_future", alice, json={"request_id": request_id}
+                )
+                if got.status_code == 200 and got.json().get("type") != "try_again":
+                    break
+                assert time.monotonic() < deadline, got.text
+                await asyncio.sleep(0.05)
+            bad = await call(http, "POST", "/api/v1/create_model", token, json={"session_id": sid})
+            assert bad.status_code == 400
+            other = await call(
+                http, "POST", "/api/v1/retrieve_future", bob, json={"request_id": request_id}
+            )
+            assert other.status_code == 404
+
+    asyncio.run(scenario())
+    span_texts, log_texts = _span_texts(spans), records.texts
+    assert span_texts and log_texts and len(bodies) > 15
+    assert any("401" in t or "auth" in t.lower() for t in span_texts + log_texts)
+    for where, texts in (("log record", log_texts), ("span", span_texts), ("response", bodies)):
+        for text in texts:
+            for secret in secrets:
+                assert secret not in text, f"a secret ({secret[:6]}...) is in a {where}: {text}"
