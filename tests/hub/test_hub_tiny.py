@@ -106,7 +106,14 @@ def test_concurrent_processes_build_once(tmp_path):
 
 
 def test_tiny_models_table():
-    assert set(TINY_MODELS) == {"qwen3", "qwen3.5", "qwen3-25m", "qwen3.5-25m", "qwen3-0.5b"}
+    assert set(TINY_MODELS) == {
+        "qwen3",
+        "qwen3.5",
+        "qwen3.5-vl",
+        "qwen3-25m",
+        "qwen3.5-25m",
+        "qwen3-0.5b",
+    }
     with pytest.raises(ValueError, match="qwen3.5"):
         build_tiny_model("llama", "/nonexistent")
 

@@ -4,7 +4,17 @@ These types live in the client distribution (numpy and pydantic only, no torch) 
 build and send training data; ``twinkle.data_format`` re-exports them unchanged.
 """
 
+from twinkle_client.data_format._content import ContentPart, ImagePart, TextPart
 from twinkle_client.data_format._input_feature import IGNORE_INDEX, InputFeature
 from twinkle_client.data_format._message import Message, Role, Trajectory
 
-__all__ = ["IGNORE_INDEX", "InputFeature", "Message", "Role", "Trajectory"]
+__all__ = [
+    "IGNORE_INDEX",
+    "ContentPart",
+    "ImagePart",
+    "InputFeature",
+    "Message",
+    "Role",
+    "TextPart",
+    "Trajectory",
+]

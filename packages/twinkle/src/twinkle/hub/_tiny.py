@@ -97,6 +97,14 @@ TINY_MODELS: Mapping[str, TinySpec] = MappingProxyType(
             | _linear_attention(key_heads=2, value_heads=4, head_dim=16)
             | {"layer_types": ["linear_attention", "full_attention"]},
         ),
+        # Qwen3.5's image-text architecture: the text model above plus a tiny vision tower
+        # (config in _tiny_vl.py).
+        "qwen3.5-vl": TinySpec(
+            "Qwen3_5ForConditionalGeneration",
+            _SMALL
+            | _linear_attention(key_heads=2, value_heads=4, head_dim=16)
+            | {"layer_types": ["linear_attention", "full_attention"]},
+        ),
         "qwen3-25m": TinySpec("Qwen3ForCausalLM", _BENCH),
         "qwen3-0.5b": TinySpec("Qwen3ForCausalLM", _HALF_B),
         "qwen3.5-25m": TinySpec(
@@ -159,6 +167,10 @@ def build_tiny_model(name: str, target_dir: Path) -> Path:
 
     target_dir = Path(target_dir)
     target_dir.mkdir(parents=True, exist_ok=True)
+    if spec.architecture == "Qwen3_5ForConditionalGeneration":
+        from . import _tiny_vl
+
+        return _tiny_vl.build(spec, target_dir, _save_quietly)
     tokenizer = train_tokenizer(spec.vocab_size)
     config = _make_config(spec, tokenizer)
     model_class = getattr(transformers, spec.architecture)
