@@ -122,6 +122,7 @@ def from_exception(exc: BaseException, *, request_id: str | None = None) -> Serv
     An exception that is not a user mistake is logged here with its traceback and the request id
     that its 5xx body carries (``request_id``, else the current request's, else a new one).
     """
+    exc = _unwrap_ray(exc)
     if isinstance(exc, ServiceError):
         return exc
     user = _user_error(exc)
@@ -138,6 +139,22 @@ def from_exception(exc: BaseException, *, request_id: str | None = None) -> Serv
         error = InternalError(f"internal server error (request id {rid})", request_id=rid)
     logger.error("request %s failed with %s: %s", rid, type(exc).__name__, exc, exc_info=exc)
     return error
+
+
+def _unwrap_ray(exc: BaseException) -> BaseException:
+    """The exception a Ray actor or Serve replica raised, without Ray's wrapper.
+
+    Ray re-raises a remote error as ``RayTaskError(<cause class>)``, whose ``str()`` is the
+    remote traceback with the actor's pid, ip and id: never something a client should read.
+    By class name, so that this module does not import Ray.
+    """
+    seen = 0
+    while seen < 8 and any(c.__name__ == "RayTaskError" for c in type(exc).__mro__):
+        cause = getattr(exc, "cause", None)
+        if not isinstance(cause, BaseException) or cause is exc:
+            break
+        exc, seen = cause, seen + 1
+    return exc
 
 
 def _user_error(exc: BaseException) -> ServiceError | None:

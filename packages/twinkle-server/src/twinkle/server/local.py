@@ -23,6 +23,7 @@ from twinkle.server.config import (
 )
 from twinkle.server.context import ServerContext, build_context
 from twinkle.server.gateway.backends import Backends, LocalClient
+from twinkle.server.sampler.service import SampleLimits
 from twinkle.server.telemetry import (
     TracedClient,
     TracedService,
@@ -75,6 +76,7 @@ def build_local_server(config: ServerConfig, store: Any = None) -> LocalServer:
             backends.samplers[base_model_name(args.model_id)] = TracedClient(
                 LocalClient(TracedService(service, "Sampler"))
             )
+            backends.sample_limits[base_model_name(args.model_id)] = SampleLimits.of(args)
             mounts.append(
                 (
                     app_config.route_prefix,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -116,13 +117,68 @@ async def read_json(request: Request, max_bytes: int = DEFAULT_MAX_REQUEST_BYTES
             raise PayloadTooLarge(f"request body is over the limit of {max_bytes} bytes")
     if not body:
         return {}
+    return parse_json_object(bytes(body))
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    """``body`` as a JSON object, or a :class:`BadRequest` that names the offending field.
+
+    Stricter than ``json.loads``: ``NaN``/``Infinity`` literals and numbers too large for a float
+    (``1e999`` parses as ``inf``) are refused, since no field takes a non-finite number and one
+    that slips through poisons a sampler or an optimizer; nesting deeper than
+    :data:`MAX_JSON_DEPTH` is refused too (the stdlib parser recurses and would overflow the stack).
+    """
     try:
         value = json.loads(body)
+    except RecursionError:
+        raise BadRequest(f"JSON body is nested deeper than {MAX_JSON_DEPTH} levels") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRequest(f"malformed JSON body: {exc}") from None
     if not isinstance(value, dict):
         raise BadRequest(f"the JSON body must be an object, got {type(value).__name__}")
+    _check_json_values(value)
     return value
+
+
+MAX_JSON_DEPTH = 64
+
+
+def _check_json_values(value: Any) -> None:
+    """Refuse non-finite numbers and deep nesting, naming where (iterative: no recursion)."""
+    # (container, its path) pairs; a path is only rendered to text for the error message.
+    stack: list[tuple[Any, tuple]] = [(value, ())]
+    while stack:
+        item, path = stack.pop()
+        if len(path) >= MAX_JSON_DEPTH:
+            raise BadRequest(f"body: JSON nested deeper than {MAX_JSON_DEPTH} levels")
+        values = item.values() if isinstance(item, dict) else item
+        kinds = set(map(type, values))  # C speed: most lists are all ints or all floats
+        if kinds <= _PLAIN or (kinds <= _NUMBERS and _all_finite(values)):
+            continue
+        pairs = item.items() if isinstance(item, dict) else enumerate(item)
+        for key, child in pairs:
+            if isinstance(child, float):
+                if not math.isfinite(child):
+                    raise BadRequest(
+                        f"{_json_path((*path, key))}: {child!r} is not a finite number"
+                    )
+            elif isinstance(child, (dict, list)):
+                stack.append((child, (*path, key)))
+
+
+_PLAIN = {int, str, bool, type(None)}
+_NUMBERS = {int, float, bool}
+
+
+def _all_finite(values: Any) -> bool:
+    try:
+        return all(map(math.isfinite, values))
+    except OverflowError:  # an int too large for a float: look at each value
+        return False
+
+
+def _json_path(path: tuple) -> str:
+    return "body" + "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in path)
 
 
 def authenticator_from(auth: Any) -> Authenticator:

@@ -213,6 +213,10 @@ class SamplerArgs(_PlacedArgs):
     queue_config: QueueConfig = Field(default_factory=QueueConfig)
     max_loras: int = Field(default=8, ge=1)
     max_length: int | None = Field(default=None, gt=0)
+    max_num_samples: int = Field(default=128, ge=1, description="most sequences per prompt")
+    max_sample_tokens: int = Field(
+        default=32768, ge=1, description="largest max_tokens one sampling request may ask"
+    )
     execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
 
     @property

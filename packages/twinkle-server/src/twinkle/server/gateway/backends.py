@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from twinkle.server.errors import NotFound
+from twinkle.server.sampler.service import SampleLimits
 
 
 class OperationClient(Protocol):
@@ -63,6 +64,7 @@ class Backends:
     models: dict[str, OperationClient] = field(default_factory=dict)
     samplers: dict[str, OperationClient] = field(default_factory=dict)
     max_context: dict[str, int | None] = field(default_factory=dict)
+    sample_limits: dict[str, SampleLimits] = field(default_factory=dict)
 
     def model(self, base_model: str) -> OperationClient:
         if base_model not in self.models:

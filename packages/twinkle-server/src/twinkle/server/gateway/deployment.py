@@ -16,6 +16,7 @@ from twinkle.server.config import (
 from twinkle.server.context import build_context
 from twinkle.server.gateway.app import create_gateway_app, housekeeping_forever
 from twinkle.server.gateway.backends import Backends, HandleClient
+from twinkle.server.sampler.service import SampleLimits
 from twinkle.server.telemetry import TracedClient, publish_resource_gauges, setup_telemetry
 from twinkle.server.web import StartOnFirstRequest
 
@@ -31,9 +32,11 @@ def handle_backends(config: ServerConfig) -> Backends:
             backends.models[name] = TracedClient(HandleClient(DEPLOYMENT_NAMES["model"], app.name))
             backends.max_context[name] = app.args.max_length
         elif isinstance(app.args, SamplerArgs):
-            backends.samplers[base_model_name(app.args.model_id)] = TracedClient(
+            name = base_model_name(app.args.model_id)
+            backends.samplers[name] = TracedClient(
                 HandleClient(DEPLOYMENT_NAMES["sampler"], app.name)
             )
+            backends.sample_limits[name] = SampleLimits.of(app.args)
     return backends
 
 

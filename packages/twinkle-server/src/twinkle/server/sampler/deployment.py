@@ -10,7 +10,7 @@ from ray import serve
 from twinkle.server.config import ApplicationConfig, ServerConfig, base_model_name
 from twinkle.server.context import build_context
 from twinkle.server.model.ratelimit import RateLimiter
-from twinkle.server.sampler.service import SamplerService
+from twinkle.server.sampler.service import SampleLimits, SamplerService
 from twinkle.server.telemetry import serve_traced, setup_telemetry
 from twinkle.server.threads import build_on_model_thread, cpu_threads
 from twinkle.server.web import (
@@ -78,6 +78,7 @@ def build_sampler_service(app_config: ApplicationConfig, context) -> SamplerServ
         resolve,
         RateLimiter(queue.rps_limit, queue.tps_limit, queue.max_input_tokens),
         executor=executor,
+        limits=SampleLimits.of(args),
     )
 
 

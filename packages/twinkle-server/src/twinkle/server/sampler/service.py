@@ -4,12 +4,26 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from twinkle.server.encoding import jsonable
 from twinkle.server.errors import BadRequest, NotFound, from_exception
 from twinkle.server.model.ratelimit import RateLimiter
+from twinkle_client.sampler.types import SamplingParams
+
+
+@dataclass(frozen=True)
+class SampleLimits:
+    """What one sampling request may ask of a sampler (its ``max_num_samples`` and
+    ``max_sample_tokens`` config): checked before the request is queued."""
+
+    max_num_samples: int = 128
+    max_sample_tokens: int = 32768
+
+    @classmethod
+    def of(cls, args: Any) -> SampleLimits:
+        return cls(args.max_num_samples, args.max_sample_tokens)
 
 
 def result_to_wire(result: Any) -> dict[str, Any]:
@@ -47,8 +61,10 @@ class SamplerService:
         resolve_adapter,
         rate_limiter: RateLimiter | None = None,
         executor: ThreadPoolExecutor | None = None,
+        limits: SampleLimits | None = None,
     ) -> None:
         self.sampler = sampler
+        self.limits = limits or SampleLimits()
         self.base_model = base_model
         self.resolve_adapter = resolve_adapter
         self.rate_limiter = rate_limiter or RateLimiter()
@@ -84,17 +100,36 @@ class SamplerService:
             else 0
             for x in inputs
         )
+        params = self._check_params(payload.get("sampling_params"))
         self.rate_limiter.check(owner, tokens)
         uris = self._adapter_dirs(owner, payload.get("adapter_uri"), len(inputs))
         loop = asyncio.get_running_loop()
         try:
             response = await loop.run_in_executor(
-                self._executor, self._sample, owner, inputs, payload.get("sampling_params"), uris
+                self._executor, self._sample, owner, inputs, params, uris
             )
         except Exception as exc:
             raise from_exception(exc) from exc
         self.requests += 1
         return {"results": [result_to_wire(r) for r in response]}
+
+    def _check_params(self, value: Any) -> SamplingParams:
+        """Validated params within this sampler's limits: a caller's mistake is a 400 here, not
+        a ``ValueError`` (500) on the sampler's thread."""
+        try:
+            params = SamplingParams.coerce(value)
+        except (ValueError, TypeError) as exc:
+            raise BadRequest(f"sampling_params: {exc}") from None
+        for name, limit in (
+            ("num_samples", self.limits.max_num_samples),
+            ("max_tokens", self.limits.max_sample_tokens),
+        ):
+            if getattr(params, name) > limit:
+                raise BadRequest(
+                    f"sampling_params.{name} is {getattr(params, name)}; this sampler allows "
+                    f"at most {limit}"
+                )
+        return params
 
     def _set_template(self, owner: str, payload: dict[str, Any]) -> dict[str, Any]:
         from twinkle.template import get_template

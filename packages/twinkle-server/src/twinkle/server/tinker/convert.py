@@ -167,34 +167,63 @@ def prompt_tokens(prompt: dict[str, Any]) -> list[int]:
 
 
 def sampling_params(
-    params: dict[str, Any], num_samples: int, prompt_logprobs: bool
+    params: dict[str, Any], num_samples: int, prompt_logprobs: bool, limits: Any = None
 ) -> dict[str, Any]:
-    """Tinker ``SamplingParams`` -> the Twinkle sampler's ``sampling_params``."""
-    params = params or {}
+    """Tinker ``SamplingParams`` -> the Twinkle sampler's ``sampling_params``.
+
+    ``limits`` (a :class:`~twinkle.server.gateway.backends.SampleLimits`) bounds ``num_samples``
+    and ``max_tokens``: a request for ten million samples is refused here, not queued.
+    """
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise BadRequest(f"sampling_params must be an object, got {type(params).__name__}")
     stop = params.get("stop")
+    if stop is not None and not isinstance(stop, (str, list)):
+        raise BadRequest("sampling_params.stop must be a string or a list of strings or token ids")
     stop_strings, stop_ids = [], []
     for item in [stop] if isinstance(stop, str) else list(stop or []):
-        (stop_strings if isinstance(item, str) else stop_ids).append(item)
-    if not isinstance(num_samples, int) or num_samples < 1:
-        raise BadRequest(f"num_samples must be a positive integer, got {num_samples!r}")
+        if isinstance(item, str):
+            stop_strings.append(item)
+        else:
+            stop_ids.append(_integer(item, "sampling_params.stop[]", 0))
+    num_samples = _integer(num_samples, "num_samples", 1, getattr(limits, "max_num_samples", None))
     max_tokens = params.get("max_tokens")
-    out = {
-        "max_tokens": 64 if max_tokens is None else int(max_tokens),
-        "temperature": float(params.get("temperature", 1.0)),
-        "top_p": float(params.get("top_p", 1.0)),
-        "top_k": int(params.get("top_k", -1)),
-        "seed": params.get("seed"),
+    seed = params.get("seed")
+    return {
+        "max_tokens": 64
+        if max_tokens is None
+        else _integer(
+            max_tokens, "sampling_params.max_tokens", 0, getattr(limits, "max_sample_tokens", None)
+        ),
+        "temperature": _number(params.get("temperature", 1.0), "sampling_params.temperature", 0),
+        "top_p": _number(params.get("top_p", 1.0), "sampling_params.top_p", 0, 1, open_low=True),
+        "top_k": _integer(params.get("top_k", -1), "sampling_params.top_k", -1),
+        "seed": None if seed is None else _integer(seed, "sampling_params.seed", None),
         "stop": stop_strings,
-        "stop_token_ids": [int(t) for t in stop_ids],
+        "stop_token_ids": stop_ids,
         "num_samples": num_samples,
         "logprobs": True,
         "prompt_logprobs": bool(prompt_logprobs),
     }
-    if out["max_tokens"] < 0 or out["temperature"] < 0 or not 0 < out["top_p"] <= 1:
-        raise BadRequest(
-            "sampling_params: max_tokens and temperature must be >= 0, top_p in (0, 1]"
-        )
-    return out
+
+
+def _integer(value: Any, name: str, low: int | None, high: int | None = None) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise BadRequest(f"{name} must be an integer, got {value!r}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise BadRequest(f"{name} must be {bounds} on this server, got {value!r}")
+    return value
+
+
+def _number(value: Any, name: str, low: float, high: float | None = None, open_low=False) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise BadRequest(f"{name} must be a finite number, got {value!r}")
+    if value < low or (open_low and value == low) or (high is not None and value > high):
+        bounds = f"{'(' if open_low else '['}{low}, {high}]" if high is not None else f">= {low}"
+        raise BadRequest(f"{name} must be in {bounds}, got {value!r}")
+    return float(value)
 
 
 def to_twinkle_path(path: str) -> str:

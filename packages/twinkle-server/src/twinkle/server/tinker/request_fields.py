@@ -83,7 +83,7 @@ async def note_unknown_fields(request: Request) -> None:
         return
     try:
         body = json.loads(await request.body())
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return  # the route answers the malformed body
     if isinstance(body, dict):
         note(endpoint, body)

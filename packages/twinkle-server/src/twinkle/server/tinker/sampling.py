@@ -68,20 +68,24 @@ def sampling_routes(router: APIRouter, api: TinkerApi) -> None:
         owner = api.ctx.authenticate(request.headers)
         body = await read_json(request, api.max_bytes)
         num_samples = body.get("num_samples", 1)
+        base_model, adapter = api.sampler_target(owner, body)
+        client = api.backends.sampler(base_model)
+        # Checked before the dedupe look-up too: a retry is answered with one id per sample.
+        want_prompt_lp = bool(body.get("prompt_logprobs"))
+        params = convert.sampling_params(
+            body.get("sampling_params"),
+            num_samples,
+            want_prompt_lp,
+            api.backends.sample_limits.get(base_model),
+        )
         keys = api.dedupe_keys(
             request, "asample", body.get("sampling_session_id"), body.get("seq_id")
         )
         if rid := api.futures.find(owner, keys):
             return api.submitted(rid, sample_sequence_ids=_sequence_ids(rid, num_samples))
-        base_model, adapter = api.sampler_target(owner, body)
-        client = api.backends.sampler(base_model)
         tokens = convert.prompt_tokens(body.get("prompt") or {})
         convert.check_prompt(tokens, (await asyncio.to_thread(model_facts, base_model)).vocab_size)
         extra, target_layout = sample_fields.sampler_params(body, len(tokens))
-        want_prompt_lp = bool(body.get("prompt_logprobs"))
-        params = convert.sampling_params(
-            body.get("sampling_params") or {}, num_samples, want_prompt_lp
-        )
         params.update(extra)
         payload = {"inputs": [tokens], "adapter_uri": adapter, "sampling_params": params}
 
