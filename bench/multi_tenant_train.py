@@ -1,8 +1,9 @@
-"""Multi-tenant LoRA training throughput: fused vs time-sliced vs the single-adapter limit.
+"""Multi-tenant LoRA training throughput: fused vs time-sliced vs a plain PEFT loop vs the limit.
 
 For each point (model, tenants N, per-tenant batch B, ranks) one process-local model carries the
-N tenants' adapters plus one extra ``limit`` adapter, and the three modes run interleaved, step by
-step, so they see the same machine state:
+N tenants' adapters plus one extra ``limit`` adapter, a ``peft.PeftModel`` on its own copy of the
+same base carries the same N adapters (same initial weights), and the four modes run interleaved,
+step by step, so they see the same machine state:
 
 - ``fused``: ``forward_backward_many`` over all tenants (one base pass, rows routed per tenant),
   then ``clip_grad_and_step_many`` (every tenant's clip and Adam step in shared kernels).
@@ -10,15 +11,20 @@ step, so they see the same machine state:
   switching; what peer systems do).
 - ``limit``: ONE adapter over the concatenation of all tenants' rows (N*B rows): the best a fused
   step can do.
+- ``peft``: the peer: one ``PeftModel``, ``set_adapter`` + forward/backward + clip + its own AdamW
+  per tenant in turn (bench/_peft_peer.py).
 
-Tokens/s counts every tenant's tokens (N * B * seq per step). One JSON object per point is printed
-on its own line. ``--check`` asserts that fused losses and gradients equal the sliced ones (CI).
+Tokens/s counts every tenant's tokens (N * B * seq per step). Each mode's peak resident memory is
+measured in a fresh process of its own (bench/_mode_rss.py; ``--no-rss`` skips it). One JSON object
+per point is printed on its own line. ``--check`` asserts that fused losses and gradients equal
+the sliced ones and that the peft loop's losses equal the fused ones (CI).
 
     python bench/multi_tenant_train.py            # full run
     python bench/multi_tenant_train.py --quick    # a subset, under a minute
     python bench/multi_tenant_train.py --check    # correctness only
     python bench/multi_tenant_train.py --keep-freed-memory   # as the server's replicas run
     python bench/multi_tenant_train.py --models tiny://qwen3-0.5b --tenants 8   # N=8 points only
+    python bench/multi_tenant_train.py --many-tenants --tenants 32   # N=32, B=1 (ranks 8/16/32/...)
 """
 
 from __future__ import annotations
@@ -27,20 +33,24 @@ import argparse
 import json
 import os
 import platform
-import resource
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import _mode_rss  # noqa: E402  (sibling modules: bench/ is on sys.path)
 import torch  # noqa: E402
+from _peft_peer import PeftPeer  # noqa: E402
 from peft import LoraConfig  # noqa: E402
 
+from twinkle.hub import resolve_model_dir  # noqa: E402
 from twinkle.model import MultiLoraTransformersModel  # noqa: E402
+from twinkle.model.lora import adapter_state_dict  # noqa: E402
 from twinkle.model.memory import keep_freed_memory  # noqa: E402
 from twinkle.model.options import ExecutionOptions  # noqa: E402
 from twinkle.model.threads import one_thread  # noqa: E402
@@ -49,11 +59,15 @@ MODELS = ("tiny://qwen3.5", "tiny://qwen3.5-25m")
 TENANTS = (1, 2, 4, 8)
 BATCHES = (1, 4)
 MIXED_RANKS = (8, 16, 32, 64)
+# Many-tenant points (--many-tenants): B=1, ranks cycling 8/16/32 (the issue-29 harness's mix).
+MANY_TENANTS = (32, 64, 128)
+MANY_RANKS = (8, 16, 32)
 RANK = 16
 SEQ = 128
 VOCAB_LOW, VOCAB_HIGH = 10, 4000
 LIMIT = "limit"
 FUSED_ADAM = True  # torch's single-kernel AdamW (CPU and CUDA); every mode uses the same optimizer
+LR = 1e-4
 
 
 @dataclass(frozen=True)
@@ -81,12 +95,26 @@ def tenant_names(n: int) -> list[str]:
     return [f"t{i}" for i in range(n)]
 
 
+def lora_config(rank: int, random_b: bool = False) -> LoraConfig:
+    """Every mode's adapter config: ``all-linear``, alpha 2r, B zero unless ``random_b``."""
+    return LoraConfig(
+        r=rank, lora_alpha=2 * rank, target_modules="all-linear", init_lora_weights=not random_b
+    )
+
+
 def add_tenant(
     model: MultiLoraTransformersModel, name: str, rank: int, random_b: bool = False
 ) -> None:
-    config = LoraConfig(r=rank, lora_alpha=2 * rank, init_lora_weights=not random_b)
-    model.add_adapter_to_model(name, config)
-    model.set_optimizer("AdamW", lr=1e-4, adapter_name=name, fused=FUSED_ADAM)
+    model.add_adapter_to_model(name, lora_config(rank, random_b))
+    model.set_optimizer("AdamW", lr=LR, adapter_name=name, fused=FUSED_ADAM)
+
+
+def build_peer(
+    model_dir: str, names: list[str], ranks: tuple[int, ...], random_b: bool = False, seed: int = 0
+) -> PeftPeer:
+    """The peft mode's model: the tenants' adapters as Twinkle's ``seed`` initialises them."""
+    configs = {name: lora_config(rank, random_b) for name, rank in zip(names, ranks)}
+    return PeftPeer(model_dir, configs, lr=LR, fused=FUSED_ADAM, seed=seed)
 
 
 # ------------------------------------------------------------------------------------ the modes
@@ -104,6 +132,13 @@ def step_sliced(model, batches: dict[str, dict]) -> None:
 def step_limit(model, concatenated: dict) -> None:
     model.forward_backward(concatenated, adapter_name=LIMIT)
     model.clip_grad_and_step(adapter_name=LIMIT)
+
+
+def step_peft(peer: PeftPeer, batches: dict[str, dict]) -> None:
+    peer.step(batches)
+
+
+MODES = ("fused", "sliced", "limit", "peft")
 
 
 # --------------------------------------------------------------------------------- measurement
@@ -156,11 +191,6 @@ def measure_tenant_bytes(model_id: str, ranks: tuple[int, ...]) -> tuple[float, 
     return measured, theory
 
 
-def peak_rss_mb() -> float:
-    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
-
-
 def timed_steps(round_seconds: float, budget_seconds: float, low: int, high: int) -> int:
     """How many timed rounds fit ``budget_seconds``, kept within ``[low, high]``.
 
@@ -201,31 +231,75 @@ def setup_point(
     (rank: the tenants' mean), each tenant's batch, and those batches concatenated
     (``limit``'s input)."""
     model = MultiLoraTransformersModel(point.model, options=options)
+    for name, rank in zip(tenant_names(point.tenants), point.ranks):
+        add_tenant(model, name, rank)
+    add_tenant(model, LIMIT, limit_rank(point))
+    batches = point_batches(point)
+    return model, batches, concatenate(batches)
+
+
+def limit_rank(point: Point) -> int:
+    return round(sum(point.ranks) / len(point.ranks))
+
+
+def point_batches(point: Point) -> dict[str, dict]:
+    return {
+        name: make_batch(point.batch, point.seq, seed=i)
+        for i, name in enumerate(tenant_names(point.tenants))
+    }
+
+
+def concatenate(batches: dict[str, dict]) -> dict:
+    first = next(iter(batches.values()))
+    return {k: torch.cat([b[k] for b in batches.values()]) for k in first}
+
+
+def mode_step(point: Point, mode: str) -> Callable[[], None]:
+    """A fresh setup holding only what ``mode`` needs (what its own process would hold), and
+    one step of it: the measurement of bench/_mode_rss.py."""
+    batches = point_batches(point)
     names = tenant_names(point.tenants)
+    if mode == "peft":
+        peer = build_peer(resolve_model_dir(point.model), names, point.ranks)
+        return lambda: step_peft(peer, batches)
+    model = MultiLoraTransformersModel(point.model)
+    if mode == "limit":
+        add_tenant(model, LIMIT, limit_rank(point))
+        concatenated = concatenate(batches)
+        return lambda: step_limit(model, concatenated)
     for name, rank in zip(names, point.ranks):
         add_tenant(model, name, rank)
-    add_tenant(model, LIMIT, round(sum(point.ranks) / len(point.ranks)))
-    batches = {name: make_batch(point.batch, point.seq, seed=i) for i, name in enumerate(names)}
-    concatenated = {k: torch.cat([b[k] for b in batches.values()]) for k in batches[names[0]]}
-    return model, batches, concatenated
+    step = {"fused": step_fused, "sliced": step_sliced}[mode]
+    return lambda: step(model, batches)
 
 
 def run_point(
-    point: Point, warmup: int, steps: int | None, budget_seconds: float = 10.0
+    point: Point,
+    warmup: int,
+    steps: int | None,
+    budget_seconds: float = 10.0,
+    rss: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Measure one point; ``steps=None`` picks 15-60 timed rounds to fill ``budget_seconds``."""
+    """Measure one point; ``steps=None`` picks 15-60 timed rounds to fill ``budget_seconds``.
+
+    ``rss``: the keyword arguments of ``_mode_rss.measure`` (each mode's peak memory in a fresh
+    process); ``None`` leaves the memory columns out.
+    """
     model, batches, concatenated = setup_point(point)
+    peer = build_peer(model.model_dir, list(batches), point.ranks, seed=model.seed)
     modes = {
         "fused": lambda: step_fused(model, batches),
         "sliced": lambda: step_sliced(model, batches),
         "limit": lambda: step_limit(model, concatenated),
+        "peft": lambda: step_peft(peer, batches),
     }
     times: dict[str, list[float]] = {m: [] for m in modes}
     probe_before = small_gemm_us()
     i = 0
     while steps is None or i < warmup + steps:
         # Rotate the order so no mode always runs right after another one.
-        order = list(modes)[i % 3 :] + list(modes)[: i % 3]
+        k = i % len(modes)
+        order = list(modes)[k:] + list(modes)[:k]
         for mode in order:
             start = time.perf_counter()
             modes[mode]()
@@ -238,9 +312,11 @@ def run_point(
             round_seconds = sum(t[0] for t in times.values())
             steps = timed_steps(round_seconds, budget_seconds, low=15, high=60)
     probe_after = small_gemm_us()
+    model = peer = None  # free both models: the memory measurement's processes come next
     tokens = point.tenants * point.batch * point.seq
     tps = {m: tokens / statistics.median(t) for m, t in times.items()}
     measured, theory = measure_tenant_bytes(point.model, point.ranks)
+    memory = {} if rss is None else _mode_rss.measure(point, MODES, **rss)
     return {
         "model": point.model,
         "tenants": point.tenants,
@@ -250,12 +326,14 @@ def run_point(
         "fused_tps": round(tps["fused"], 1),
         "sliced_tps": round(tps["sliced"], 1),
         "limit_tps": round(tps["limit"], 1),
+        "peft_tps": round(tps["peft"], 1),
         "fused_vs_limit": round(tps["fused"] / tps["limit"], 3),
         "fused_vs_sliced": round(tps["fused"] / tps["sliced"], 3),
+        "fused_vs_peft": round(tps["fused"] / tps["peft"], 3),
         # what fused_vs_sliced would be if fused reached limit: the base model's own gain from
         # one wide pass over N narrow ones on this machine
         "limit_vs_sliced": round(tps["limit"] / tps["sliced"], 3),
-        "peak_rss_mb": round(peak_rss_mb(), 1),
+        **memory,
         "bytes_per_extra_tenant": round(measured),
         "adapter_state_bytes": round(theory),
         "bytes_ratio": round(measured / theory, 4),
@@ -283,14 +361,21 @@ def schedule(
     return warmup, steps, point_seconds
 
 
+def many_ranks(n: int) -> tuple[int, ...]:
+    """``n`` tenants' ranks, cycling through ``MANY_RANKS``."""
+    return tuple(MANY_RANKS[i % len(MANY_RANKS)] for i in range(n))
+
+
 def points(
     quick: bool,
     models: list[str] | None = None,
     tenants: list[int] | None = None,
     batches: list[int] | None = None,
+    many: bool = False,
 ) -> list[Point]:
     """The points to run; ``tenants`` / ``batches`` keep only those N / B (the mixed-rank row
-    has N = len(MIXED_RANKS))."""
+    has N = len(MIXED_RANKS)). The many-tenant points (N in ``MANY_TENANTS``, B=1, ranks from
+    ``many_ranks``) come after the others with ``many``, or when ``tenants`` names their N."""
     if quick:
         out = [Point((models or MODELS)[0], (RANK,) * n, b) for n in (1, 8) for b in BATCHES]
     else:
@@ -299,6 +384,12 @@ def points(
             for b in BATCHES:
                 out += [Point(model, (RANK,) * n, b) for n in TENANTS]
                 out.append(Point(model, MIXED_RANKS, b))
+        for model in models or MODELS:
+            out += [
+                Point(model, many_ranks(n), 1)
+                for n in MANY_TENANTS
+                if many or (tenants is not None and n in tenants)
+            ]
     return [
         p
         for p in out
@@ -338,6 +429,45 @@ def check(
     return {n: fused[n]["loss"] for n in names}
 
 
+def check_peft(
+    model_id: str = "tiny://qwen3.5",
+    ranks: tuple[int, ...] = (8, 32),
+    batch: int = 2,
+    seq: int = 32,
+    rounds: int = 2,
+) -> list[dict[str, tuple[float, float]]]:
+    """Assert the peft mode does the fused mode's work: it starts from the same adapter weights
+    (bit for bit) and every round's losses (the first, and those after each clip + AdamW step)
+    equal the fused ones within 1e-5 relative.
+
+    Returns:
+        Per round, each tenant's ``(fused loss, peft loss)``.
+    """
+    model = MultiLoraTransformersModel(model_id)
+    names = tenant_names(len(ranks))
+    for name, rank in zip(names, ranks):
+        add_tenant(model, name, rank, random_b=True)
+    peer = build_peer(model.model_dir, names, ranks, random_b=True, seed=model.seed)
+    for name in names:
+        theirs, ours = peer.state(name), adapter_state_dict(model.model, name)
+        assert set(theirs) == set(ours), f"{name}: PEFT and Twinkle adapt different modules"
+        for key, value in ours.items():
+            assert torch.equal(theirs[key].cpu(), value), f"{name}: {key} starts differently"
+    batches = {name: make_batch(batch, seq, seed=i) for i, name in enumerate(names)}
+    out = []
+    for _ in range(rounds):
+        fused = model.forward_backward_many({n: {"inputs": b} for n, b in batches.items()})
+        model.clip_grad_and_step_many(names)
+        peft = peer.step(batches)
+        for name in names:
+            loss_f, loss_p = fused[name]["loss"], peft[name]
+            assert abs(loss_f - loss_p) <= 1e-5 * abs(loss_f), (
+                f"{name}: fused loss {loss_f} != peft {loss_p}"
+            )
+        out.append({n: (fused[n]["loss"], peft[n]) for n in names})
+    return out
+
+
 # ---------------------------------------------------------------------------------------- main
 def machine() -> dict[str, Any]:
     return {
@@ -359,7 +489,9 @@ def main(argv: list[str] | None = None) -> int:
         help="tiny model, N in {1, 8}, B in {1, 4}, 6 s per point (about 30 s in all)",
     )
     parser.add_argument(
-        "--check", action="store_true", help="only assert fused == sliced, then exit"
+        "--check",
+        action="store_true",
+        help="only assert fused == sliced and peft == fused (losses), then exit",
     )
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--warmup", type=int, default=2)
@@ -386,26 +518,52 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json-out", default=None, help="also write the JSON lines to this file")
     parser.add_argument(
+        "--many-tenants",
+        action="store_true",
+        help=f"also the N in {list(MANY_TENANTS)}, B=1 points (ranks cycling {list(MANY_RANKS)});"
+        " --tenants 32 (etc.) selects one of them without it",
+    )
+    parser.add_argument(
+        "--no-rss",
+        action="store_true",
+        help="skip each mode's peak memory (one fresh process per mode and point)",
+    )
+    parser.add_argument(
+        "--rss-steps",
+        type=int,
+        default=2,
+        help="steps each memory-measuring process runs (its peak is over all of them)",
+    )
+    parser.add_argument(
         "--keep-freed-memory",
         action="store_true",
         help="call twinkle.model.memory.keep_freed_memory() first (what the server's replicas do)",
     )
     args = parser.parse_args(argv)
-    selected = points(args.quick, args.models, args.tenants, args.batches)
+    selected = points(args.quick, args.models, args.tenants, args.batches, args.many_tenants)
     if not selected:
         parser.error("no benchmark point matches --tenants / --batches")
     torch.set_num_threads(args.threads)
     kept = keep_freed_memory() if args.keep_freed_memory else False
     if args.check:
         losses = check()
-        print(json.dumps({"check": "ok", "fused_losses": losses, **machine()}))
+        peft = check_peft()
+        first = {n: {"fused": f, "peft": p} for n, (f, p) in peft[0].items()}
+        print(
+            json.dumps(
+                {"check": "ok", "fused_losses": losses, "peft_first_step": first, **machine()}
+            )
+        )
         return 0
     torch.manual_seed(0)
     lines = [json.dumps({"meta": {**machine(), "keep_freed_memory": kept}})]
     print(lines[0], flush=True)
     warmup, steps, budget = schedule(args.quick, args.warmup, args.steps, args.point_seconds)
+    rss = None
+    if not args.no_rss:
+        rss = {"steps": args.rss_steps, "threads": args.threads, "keep_freed_memory": kept}
     for point in selected:
-        lines.append(json.dumps(run_point(point, warmup, steps, budget)))
+        lines.append(json.dumps(run_point(point, warmup, steps, budget, rss)))
         print(lines[-1], flush=True)
     if args.json_out:
         with open(args.json_out, "w") as f:
