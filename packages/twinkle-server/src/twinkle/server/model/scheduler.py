@@ -87,6 +87,9 @@ class FairScheduler:
         self._worker: asyncio.Task | None = None
         self.fused_passes = 0  # fused forward_backward passes
         self.fused_steps = 0  # batched optimizer steps
+        # Fused runs that failed and were rerun tenant by tenant, and the tenants they held.
+        self.fused_fallbacks = 0
+        self.fallback_tenants = 0
         self.busy_s = 0.0  # seconds the worker thread spent running tasks
 
     async def submit(self, tenant: str, kind: str, payload: Any) -> Any:
@@ -201,9 +204,12 @@ class FairScheduler:
                 results = self._run_fused(batch)
             except Exception:
                 # One tenant's bad input must not fail the others: nothing was applied (inputs
-                # and losses are checked before the backward pass, gradients before any optimizer
-                # step), so rerun them one by one.
+                # and losses are checked before the backward pass, a failed backward puts the
+                # gradients back, gradients are checked before any optimizer step), so rerun
+                # them one by one.
                 results = None
+                self.fused_fallbacks += 1
+                self.fallback_tenants += len(batch)
             if results is not None:
                 if batch[0].kind == "forward_backward":
                     self.fused_passes += 1

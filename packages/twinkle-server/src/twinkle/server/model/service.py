@@ -347,6 +347,7 @@ class ModelService:
             "queue_depth": self.scheduler.depth(),
             "fused_passes": self.scheduler.fused_passes,
             "fused_steps": self.scheduler.fused_steps,
+            "fused_fallbacks": self.scheduler.fused_fallbacks,
             "busy_s": round(self.scheduler.busy_s, 3),
             "rate_limit_rejections": self.rate_limiter.rejections,
             "tenants": [

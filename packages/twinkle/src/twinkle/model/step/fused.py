@@ -62,14 +62,71 @@ def fused_forward_backward(
         compute_loss(state, loss)
         scaled = state.loss_output.loss / tenant.gradient_accumulation_steps
         total = scaled if total is None else total + scaled
+    _refuse_non_finite(total, states)
     # Attached here, not before the forward, so that a request that fails leaves .grad as it
     # was; a direct pass found them attached already.
     if not direct:
         attach_grads(tenants)
-    total.backward()
+    saved = _save_grads(tenants)
+    try:
+        total.backward()
+    except BaseException:
+        # A backward that fails half way (out of memory, a loss's own backward) has added some
+        # layers' gradients already: put every tenant's back, so that the caller's rerun of each
+        # tenant alone adds its gradient exactly once.
+        _restore_grads(tenants, saved)
+        raise
     for state, tenant in zip(states, tenants):
         record_train_metrics(tenant, state)
     return {state.batch.tenant: public_output(state) for state in states}
+
+
+def _refuse_non_finite(total: torch.Tensor, states: Sequence[Any]) -> None:
+    """Refuse the pass before the backward when a loss is NaN or infinite: that tenant's
+    gradients would be NaN (and its next step would ruin its weights), and its request must fail
+    while nothing has changed. One check of the sum; the tenants are named only when it fails."""
+    if bool(torch.isfinite(total.detach())):
+        return
+    bad = [
+        f"{s.batch.tenant!r} ({float(s.loss_output.loss.detach())})"
+        for s in states
+        if not bool(torch.isfinite(s.loss_output.loss.detach()))
+    ]
+    raise InvalidArgumentError(
+        f"loss is not finite for adapter {', '.join(bad)}; nothing was applied (check the loss "
+        "inputs: advantages, weights, logprobs)"
+    )
+
+
+def _save_grads(tenants: Sequence[Tenant]) -> list[list[torch.Tensor] | None]:
+    """What each tenant's gradients are before a backward: ``None`` when it has none pending
+    (restored by zeroing, with no copy), else a copy (only mid gradient-accumulation)."""
+    saved: list[list[torch.Tensor] | None] = []
+    for tenant in tenants:
+        if not tenant.pending_grads:
+            saved.append(None)
+        elif tenant.flat is not None and tenant.flat.owns_grads():
+            saved.append([tenant.flat.grad.clone()])
+        else:
+            saved.append([p.grad.clone() if p.grad is not None else None for p in tenant.params])
+    return saved
+
+
+@torch.no_grad()
+def _restore_grads(tenants: Sequence[Tenant], saved: list[list[torch.Tensor] | None]) -> None:
+    for tenant, grads in zip(tenants, saved):
+        owns = tenant.flat is not None and tenant.flat.owns_grads()
+        if grads is None:
+            if owns:
+                tenant.flat.grad.zero_()
+            else:
+                for param in tenant.params:
+                    param.grad = None
+        elif owns and len(grads) == 1:
+            tenant.flat.grad.copy_(grads[0])
+        else:
+            for param, grad in zip(tenant.params, grads):
+                param.grad = grad
 
 
 def attach_grads(tenants: Sequence[Tenant]) -> None:

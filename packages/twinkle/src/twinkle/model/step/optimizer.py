@@ -54,11 +54,9 @@ def clip_grad_and_step_many(
             raise StateOrderError(
                 f"adapter {tenant.name!r} has no gradients: call forward_backward before step"
             )
-    stepping = []
-    for tenant in tenants:
-        tenant.micro_step += 1
-        if tenant.micro_step % tenant.gradient_accumulation_steps == 0:
-            stepping.append(tenant)
+    # Counted once the step went through: a failed batched step is rerun tenant by tenant, and
+    # must not move anyone's accumulation window twice.
+    stepping = [t for t in tenants if (t.micro_step + 1) % t.gradient_accumulation_steps == 0]
     for tenant in stepping:
         ensure_optimizer(tenant)
     grads = [grads_of[t.name] for t in stepping]
@@ -67,6 +65,8 @@ def clip_grad_and_step_many(
     with one_thread(small([g for tenant_grads in grads for g in tenant_grads])):
         norms = multi_step.clip_grad_norms(grads, max_grad_norm)
         multi_step.optimizer_steps([t.optimizer for t in stepping], flats)
+    for tenant in tenants:
+        tenant.micro_step += 1
     for tenant, norm, flat in zip(stepping, norms, flats):
         tenant.last_grad_norm = norm
         tenant.cur_step += 1
