@@ -14,13 +14,16 @@ def test_public_surface():
     assert sorted(twinkle.hub.__all__) == sorted(
         [
             "ModelNotFoundError",
+            "RemoteCodeRefusedError",
             "TINY_MODELS",
             "build_tiny_model",
             "load_config",
             "load_tokenizer",
+            "remote_code_guard",
             "resolve_model_dir",
             "seed_huggingface_cache",
             "seed_modelscope_cache",
+            "trust_remote_code",
         ]
     )
     assert issubclass(ModelNotFoundError, FileNotFoundError)

@@ -320,3 +320,96 @@ def test_no_key_or_token_in_logs_spans_or_bodies(tmp_path, telemetry_and_logs):
         for text in texts:
             for secret in secrets:
                 assert secret not in text, f"a secret ({secret[:6]}...) is in a {where}: {text}"
+
+
+# --- 3. TWINKLE_TRUST_REMOTE_CODE=0 runs no hub code -----------------------------------------
+
+EVIL_REPO = "evil-org/custom-code"
+MARKER_CODE = """import pathlib
+pathlib.Path({marker!r}).write_text(__name__)
+"""
+
+
+@pytest.fixture
+def custom_code_model(tmp_path, monkeypatch):
+    """``ms://evil-org/custom-code`` in a seeded ModelScope cache: the tiny model with an unknown
+    ``model_type`` whose config, model and tokenizer classes live in the repo's own modules (each
+    writes the marker file when imported)."""
+    import json
+    import shutil
+
+    from twinkle.hub import resolve_model_dir
+    from twinkle.hub._cache import seed_modelscope_cache
+
+    monkeypatch.setenv("MODELSCOPE_CACHE", str(tmp_path / "modelscope"))
+    monkeypatch.setenv("TWINKLE_TRUST_REMOTE_CODE", "0")
+    source, marker = tmp_path / "evil", tmp_path / "code-ran"
+    shutil.copytree(resolve_model_dir("tiny://qwen3"), source)
+    config = json.loads((source / "config.json").read_text())
+    config["model_type"] = "evil_custom"
+    config["architectures"] = ["EvilForCausalLM"]
+    config["auto_map"] = {
+        "AutoConfig": "configuration_evil.EvilConfig",
+        "AutoModelForCausalLM": "modeling_evil.EvilForCausalLM",
+    }
+    (source / "config.json").write_text(json.dumps(config))
+    tokenizer_config = json.loads((source / "tokenizer_config.json").read_text())
+    tokenizer_config["auto_map"] = {"AutoTokenizer": ["tokenization_evil.EvilTokenizer", None]}
+    tokenizer_config["tokenizer_class"] = "EvilTokenizer"
+    (source / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    for module in ("configuration_evil", "modeling_evil", "tokenization_evil"):
+        (source / f"{module}.py").write_text(MARKER_CODE.format(marker=str(marker)))
+    seed_modelscope_cache(EVIL_REPO, source)
+    return f"ms://{EVIL_REPO}", marker
+
+
+def _loaders():
+    from twinkle.hub import load_config, load_tokenizer
+    from twinkle.model import MultiLoraTransformersModel
+    from twinkle.sampler.torch_sampler import TorchSampler
+
+    return {
+        "load_config": load_config,
+        "load_tokenizer": load_tokenizer,
+        "MultiLoraTransformersModel": MultiLoraTransformersModel,
+        "TorchSampler": TorchSampler,
+    }
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "loader", ["load_config", "load_tokenizer", "MultiLoraTransformersModel", "TorchSampler"]
+)
+def test_custom_code_model_is_refused_and_its_code_never_runs(custom_code_model, loader):
+    from twinkle.hub import RemoteCodeRefusedError
+
+    model_id, marker = custom_code_model
+    with pytest.raises(RemoteCodeRefusedError, match="TWINKLE_TRUST_REMOTE_CODE is off") as refused:
+        _loaders()[loader](model_id)
+    assert "modeling_evil.py" in str(refused.value)
+    assert not marker.exists()
+
+
+@pytest.mark.integration
+def test_a_server_with_a_custom_code_model_does_not_start(custom_code_model, tmp_path):
+    from twinkle.hub import RemoteCodeRefusedError
+
+    model_id, marker = custom_code_model
+    config = config_dict(model_id=model_id)
+    config["storage"] = {"root": str(tmp_path / "storage")}
+    with pytest.raises(RemoteCodeRefusedError, match="TWINKLE_TRUST_REMOTE_CODE=1 only for"):
+        build_local_server(parse_config(config), store=MemoryStore("rc:"))
+    assert not marker.exists()
+
+
+@pytest.mark.unit
+def test_the_marker_does_detect_code_that_runs(custom_code_model, tmp_path, monkeypatch):
+    """The control: with the switch on, transformers imports the repository's module."""
+    import transformers.dynamic_module_utils as dynamic
+
+    monkeypatch.setattr(dynamic, "HF_MODULES_CACHE", str(tmp_path / "hf-modules"))
+    monkeypatch.setenv("TWINKLE_TRUST_REMOTE_CODE", "1")
+    model_id, marker = custom_code_model
+    with pytest.raises(Exception):  # noqa: B017 - the module defines no EvilConfig; it ran first
+        _loaders()["load_config"](model_id)
+    assert marker.read_text().endswith("configuration_evil")

@@ -145,7 +145,7 @@ def _architecture_problems(backend: str, model_id: str) -> list[str]:
     from twinkle.model.megatron._build import check_supported
 
     try:
-        check_supported(AutoConfig.from_pretrained(model_dir), model_id)
+        check_supported(AutoConfig.from_pretrained(model_dir, trust_remote_code=False), model_id)
     except ValueError as error:
         return [f"backend: {error}"]
     return []

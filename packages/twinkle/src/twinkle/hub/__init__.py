@@ -8,16 +8,27 @@ offline machine serves ``ms://org/name`` (``python -m twinkle.hub seed --help``)
 """
 
 from ._cache import seed_huggingface_cache, seed_modelscope_cache
-from ._resolve import ModelNotFoundError, load_config, load_tokenizer, resolve_model_dir
+from ._resolve import (
+    ModelNotFoundError,
+    RemoteCodeRefusedError,
+    load_config,
+    load_tokenizer,
+    remote_code_guard,
+    resolve_model_dir,
+    trust_remote_code,
+)
 from ._tiny import TINY_MODELS, build_tiny_model
 
 __all__ = [
     "TINY_MODELS",
     "ModelNotFoundError",
+    "RemoteCodeRefusedError",
     "build_tiny_model",
     "load_config",
     "load_tokenizer",
+    "remote_code_guard",
     "resolve_model_dir",
     "seed_huggingface_cache",
     "seed_modelscope_cache",
+    "trust_remote_code",
 ]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from twinkle.errors import InvalidArgumentError
@@ -17,6 +19,39 @@ _TRUE = {"1", "true", "yes", "on"}
 
 class ModelNotFoundError(FileNotFoundError):
     """A model id names nothing that is available locally, and it cannot be downloaded."""
+
+
+class RemoteCodeRefusedError(InvalidArgumentError):
+    """A model needs code shipped in its repository and ``TWINKLE_TRUST_REMOTE_CODE`` is off."""
+
+
+def trust_remote_code() -> bool:
+    """Whether ``TWINKLE_TRUST_REMOTE_CODE`` (``1``/``true``/``yes``/``on``) lets a model
+    repository's own code run; off when unset."""
+    return _env_flag("TWINKLE_TRUST_REMOTE_CODE")
+
+
+@contextlib.contextmanager
+def remote_code_guard(model_dir: str | os.PathLike[str]) -> Iterator[bool]:
+    """Yield the ``trust_remote_code`` value for loading ``model_dir`` with transformers.
+
+    With the switch off, transformers refuses (before importing anything) a model that needs
+    the repository's own code, telling the caller to pass ``trust_remote_code=True``, which a
+    Twinkle user cannot; the refusal is re-raised naming the switch that decides it.
+    """
+    trusted = trust_remote_code()
+    try:
+        yield trusted
+    except ValueError as error:
+        if trusted or "trust_remote_code" not in str(error):
+            raise
+        modules = sorted(p.name for p in Path(model_dir).glob("*.py"))
+        raise RemoteCodeRefusedError(
+            f"model {os.fspath(model_dir)!r} needs code from its repository "
+            f"({', '.join(modules) or 'auto_map'}) and TWINKLE_TRUST_REMOTE_CODE is off, so it "
+            "is not run and the model does not load. Set TWINKLE_TRUST_REMOTE_CODE=1 only for "
+            "a repository you trust."
+        ) from None
 
 
 def _env_flag(*names: str) -> bool:
@@ -129,8 +164,8 @@ def resolve_model_dir(model_id: str) -> Path:
 def _load_tokenizer_from_dir(model_dir: Path):
     from transformers import AutoTokenizer
 
-    trust = os.environ.get("TWINKLE_TRUST_REMOTE_CODE", "0").strip().lower() in _TRUE
-    return AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust)
+    with remote_code_guard(model_dir) as trust:
+        return AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust)
 
 
 def load_tokenizer(model_id: str):
@@ -145,5 +180,6 @@ def load_config(model_id: str):
     """Load the transformers config (``AutoConfig``) of a model id."""
     from transformers import AutoConfig
 
-    trust = os.environ.get("TWINKLE_TRUST_REMOTE_CODE", "0").strip().lower() in _TRUE
-    return AutoConfig.from_pretrained(resolve_model_dir(model_id), trust_remote_code=trust)
+    model_dir = resolve_model_dir(model_id)
+    with remote_code_guard(model_dir) as trust:
+        return AutoConfig.from_pretrained(model_dir, trust_remote_code=trust)

@@ -57,16 +57,16 @@ class TorchSampler(Sampler):
     ) -> None:
         from transformers import AutoModelForCausalLM
 
-        from twinkle.hub import resolve_model_dir
+        from twinkle.hub import remote_code_guard, resolve_model_dir
 
         super().__init__(model_id)
         self.model_dir = Path(resolve_model_dir(model_id))
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = torch_dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
-        trust = os.environ.get("TWINKLE_TRUST_REMOTE_CODE", "0") == "1"
-        self.model = AutoModelForCausalLM.from_pretrained(
-            self.model_dir, dtype=dtype, trust_remote_code=trust
-        )
+        with remote_code_guard(self.model_dir) as trust:
+            self.model = AutoModelForCausalLM.from_pretrained(
+                self.model_dir, dtype=dtype, trust_remote_code=trust
+            )
         self.model.to(self.device).eval().requires_grad_(False)
         self.options = resolve_options(options)
         self.router = LoraRouter(kernel=self.options.lora_kernel)

@@ -15,7 +15,7 @@ from twinkle.errors import (
     StateOrderError,
     UnknownAdapterError,
 )
-from twinkle.hub import resolve_model_dir
+from twinkle.hub import remote_code_guard, resolve_model_dir
 from twinkle.model.flat import FlatAdapter
 from twinkle.model.lora import (
     LoraRouter,
@@ -98,14 +98,14 @@ class MultiLoraTransformersModel:
         self.model_dir = resolve_model_dir(model_id)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = torch_dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
-        trust = os.environ.get("TWINKLE_TRUST_REMOTE_CODE", "0") == "1"
-        self.model = AutoModelForCausalLM.from_pretrained(
-            self.model_dir,
-            dtype=dtype,
-            attn_implementation=attn_implementation,
-            trust_remote_code=trust,
-            **model_kwargs,
-        ).to(self.device)
+        with remote_code_guard(self.model_dir) as trust:
+            self.model = AutoModelForCausalLM.from_pretrained(
+                self.model_dir,
+                dtype=dtype,
+                attn_implementation=attn_implementation,
+                trust_remote_code=trust,
+                **model_kwargs,
+            ).to(self.device)
         self.model.requires_grad_(False)
         self.model.eval()  # dropout lives in the adapters; the base model is frozen
         self.router = LoraRouter(kernel=self.options.lora_kernel)
