@@ -5,9 +5,19 @@ import inspect
 
 import pytest
 
+DATA_FORMAT = {
+    "IGNORE_INDEX",
+    "ContentPart",
+    "ImagePart",
+    "InputFeature",
+    "Message",
+    "Role",
+    "TextPart",
+    "Trajectory",
+}
 SURFACES = {
-    "twinkle_client.data_format": {"IGNORE_INDEX", "InputFeature", "Message", "Role", "Trajectory"},
-    "twinkle.data_format": {"IGNORE_INDEX", "InputFeature", "Message", "Role", "Trajectory"},
+    "twinkle_client.data_format": DATA_FORMAT,
+    "twinkle.data_format": DATA_FORMAT,
     "twinkle.template": {
         "IGNORE_INDEX",
         "TRUNCATION_STRATEGIES",

@@ -15,6 +15,9 @@ RETURN_TENSORS = ("pt", "np")
 # Keys built here, and per-sample metadata that is not a model input.
 _BUILT_KEYS = ("input_ids", "labels", "attention_mask", "position_ids")
 _SKIPPED_KEYS = ("length",)
+#: Image inputs: per-sample arrays joined along their first axis (patches, images) in sample
+#: order, as Qwen-VL models take them; a sample without images adds nothing.
+IMAGE_KEYS = ("pixel_values", "image_grid_thw")
 
 
 class InputProcessor:
@@ -25,6 +28,9 @@ class InputProcessor:
     ``position_ids`` (0, 1, ... over the real tokens, 0 on padding). Other per-sample numeric
     keys ride along: arrays of length ``T`` are padded with 0 (e.g. ``advantages``, ``logprobs``),
     scalars are stacked into ``[B]``. Non-numeric values (strings, dicts) are left out.
+    Image inputs (``pixel_values`` ``[patches, dim]`` and ``image_grid_thw`` ``[images, 3]``)
+    are concatenated over the samples that have them, in order; samples without images (or with
+    ``None`` there) may share the batch.
 
     Args:
         padding_side: ``'right'`` for training, ``'left'`` for generation.
@@ -78,6 +84,7 @@ class InputProcessor:
             "position_ids": np.maximum(np.cumsum(mask_BT, axis=1) - 1, 0) * mask_BT,
         }
         batch.update(self._extras(samples, lengths, width))
+        batch.update(_image_inputs(samples))
         return self._convert(batch)
 
     def _pad(self, rows: list[np.ndarray], width: int, value: Any) -> np.ndarray:
@@ -94,7 +101,7 @@ class InputProcessor:
         keys = dict.fromkeys(k for s in samples for k in s)
         extras = {}
         for key in keys:
-            if key in _BUILT_KEYS or key in _SKIPPED_KEYS:
+            if key in _BUILT_KEYS or key in _SKIPPED_KEYS or key in IMAGE_KEYS:
                 continue
             if any(key not in s for s in samples):
                 raise ValueError(f"key {key!r} is present in only some samples of the batch")
@@ -118,6 +125,25 @@ class InputProcessor:
         import torch
 
         return {key: torch.from_numpy(np.ascontiguousarray(value)) for key, value in batch.items()}
+
+
+def _image_inputs(samples: list[InputFeature]) -> dict[str, np.ndarray]:
+    """``pixel_values`` and ``image_grid_thw`` of the samples that carry images, concatenated."""
+    with_images = [s for s in samples if s.get("image_grid_thw") is not None]
+    if not with_images:
+        return {}
+    grids, pixels = [], []
+    for sample in with_images:
+        grid = np.asarray(sample["image_grid_thw"], dtype=np.int64).reshape(-1, 3)
+        values = np.asarray(sample.get("pixel_values"), dtype=np.float32)
+        if values.ndim != 2 or values.shape[0] != int(grid.prod(-1).sum()):
+            raise ValueError(
+                f"pixel_values has shape {values.shape}, expected {int(grid.prod(-1).sum())} "
+                "patch rows for its image_grid_thw"
+            )
+        grids.append(grid)
+        pixels.append(values)
+    return {"pixel_values": np.concatenate(pixels), "image_grid_thw": np.concatenate(grids)}
 
 
 def _narrow(array: np.ndarray) -> np.ndarray:

@@ -18,6 +18,9 @@ from twinkle.preprocessor import MissingFieldError
 from twinkle.template import Template
 
 _ENCODED_COLUMNS = ("input_ids", "labels", "length")
+# Written (None on rows without images) whenever the template's model reads images, so every
+# batch of one encode has the same columns.
+_IMAGE_COLUMNS = ("pixel_values", "image_grid_thw")
 
 
 class PreprocessBatch:
@@ -66,7 +69,15 @@ class EncodeBatch:
                 raise ValueError(f"row {indices[0]}: {exc}") from exc
             raise
         kept = [f for f in features if f is not None]
-        return {key: [f[key] for f in kept] for key in _ENCODED_COLUMNS}
+        columns = _ENCODED_COLUMNS
+        if self.template.image_processor is not None:
+            columns += _IMAGE_COLUMNS
+        return {key: [_column_value(f.get(key)) for f in kept] for key in columns}
+
+
+def _column_value(value: Any) -> Any:
+    # Arrow stores nested lists; a 2-D numpy array would need its own extension type.
+    return value.tolist() if hasattr(value, "tolist") and getattr(value, "ndim", 0) > 1 else value
 
 
 def _trajectory(index: int, messages: Any, extra: Any) -> Trajectory:

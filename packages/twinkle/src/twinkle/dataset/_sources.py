@@ -13,6 +13,8 @@ if TYPE_CHECKING:
 
 DATA_DIR = Path(__file__).parent / "data"
 BUILTIN_DATASETS = {"self-cognition": DATA_DIR / "self_cognition.jsonl"}
+# Built-ins made in code (their images are drawn, not shipped).
+GENERATED_DATASETS = ("self-cognition-vl",)
 
 # File suffix -> HF `datasets` builder.
 _BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -35,10 +37,15 @@ def load_source(meta: DatasetMeta) -> datasets.Dataset:
     assert dataset_id is not None
     if dataset_id.startswith("builtin://"):
         name = dataset_id.removeprefix("builtin://")
+        if name == "self-cognition-vl":
+            from twinkle.dataset._self_cognition_vl import rows
+
+            return datasets.Dataset.from_list(rows())
         if name not in BUILTIN_DATASETS:
+            known = sorted([*BUILTIN_DATASETS, *GENERATED_DATASETS])
             raise ValueError(
                 f"unknown built-in dataset {dataset_id!r}; known: "
-                f"{[f'builtin://{n}' for n in sorted(BUILTIN_DATASETS)]}"
+                f"{[f'builtin://{n}' for n in known]}"
             )
         return _load_files([BUILTIN_DATASETS[name]], meta.split)
     if dataset_id.startswith("hf://"):

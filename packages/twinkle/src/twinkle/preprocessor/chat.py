@@ -22,7 +22,10 @@ class SelfCognitionProcessor(Preprocessor):
     """Rows ``{'query', 'response'}`` -> a user/assistant exchange with the identity filled in.
 
     ``{{NAME}}`` and ``{{AUTHOR}}`` in either field become ``model_name`` and ``model_author``,
-    so one dataset teaches any model its own name.
+    so one dataset teaches any model its own name. A row with an ``image`` (a path, base64 or
+    data URI, as ``ImagePart`` takes it) puts the image before the query; every message of such a
+    row then holds its content as a list of parts, so that the rows of one dataset share one
+    column type.
 
     Args:
         model_name: What the assistant calls itself.
@@ -42,7 +45,12 @@ class SelfCognitionProcessor(Preprocessor):
 
     def process(self, row: Mapping[str, Any]) -> dict[str, Any]:
         """Fill the placeholders and return the trajectory dict."""
-        return _turns(self._fill(row["query"]), self._fill(row["response"]), self.system)
+        turns = _turns(self._fill(row["query"]), self._fill(row["response"]), self.system)
+        if row.get("image") is not None:
+            for message in turns["messages"]:
+                message["content"] = [{"type": "text", "text": message["content"]}]
+            turns["messages"][-2]["content"].insert(0, {"type": "image", "image": row["image"]})
+        return turns
 
     def __repr__(self) -> str:
         return f"SelfCognitionProcessor({self.model_name!r}, {self.model_author!r})"
