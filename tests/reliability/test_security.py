@@ -413,3 +413,92 @@ def test_the_marker_does_detect_code_that_runs(custom_code_model, tmp_path, monk
     with pytest.raises(Exception):  # noqa: B017 - the module defines no EvilConfig; it ran first
         _loaders()["load_config"](model_id)
     assert marker.read_text().endswith("configuration_evil")
+
+
+# --- 4. request size and rate limits, per key ------------------------------------------------
+
+NATIVE_MODEL = "/api/v1/model/tiny/qwen3"
+ROWS = [{"input_ids": [5, 6, 7, 8, 9], "labels": [-100, 6, 7, 8, 9]}]
+SESSION = {"tags": [], "user_metadata": {}, "sdk_version": "0.38.0", "type": "create_session"}
+
+
+def _limited_server(tmp_path, server_args=None, **model_args):
+    from inprocess import local_server
+
+    return local_server(tmp_path, backend="mock", server_args=server_args, **model_args)
+
+
+@pytest.mark.integration
+def test_gateway_rate_limit_is_per_key(tmp_path):
+    from inprocess import client
+
+    # One request per 5 s and a burst of 1: the second request of a key within the test's
+    # few milliseconds is over, whatever the machine's speed.
+    server = _limited_server(tmp_path, server_args={"rps_limit_per_key": 0.2})
+
+    async def scenario():
+        async with client(server, "alice") as alice, client(server, "bob") as bob:
+            first = await alice.get(ME)
+            over = await alice.get("/api/v1/sessions")
+            others = [await bob.get(ME), (await bob.get("/api/v1/healthz"))]
+            again = await bob.get(ME)
+            return first, over, others, again
+
+    first, over, (bob_first, health), bob_again = asyncio.run(scenario())
+    assert first.status_code == 200 and bob_first.status_code == 200
+    assert over.status_code == 429 and "rps_limit_per_key=0.2" in over.json()["error"]
+    assert 4 <= float(over.headers["retry-after"]) <= 5
+    assert health.status_code == 200  # health checks are not a key's requests
+    assert bob_again.status_code == 429
+
+
+@pytest.mark.integration
+def test_model_rate_limit_is_per_key(tmp_path):
+    from inprocess import client
+
+    server = _limited_server(tmp_path, queue_config={"rps_limit": 0.2})
+
+    async def scenario():
+        statuses = {}
+        async with client(server, "alice") as alice, client(server, "bob") as bob:
+            for http in (alice, bob):
+                added = await http.post(
+                    f"{NATIVE_MODEL}/add_adapter_to_model",
+                    json={"adapter_name": "a", "config": {"r": 4}},
+                )
+                assert added.status_code == 200, added.text
+            for name, http in (("alice", alice), ("alice", alice), ("bob", bob)):
+                answer = await http.post(
+                    f"{NATIVE_MODEL}/forward_only", json={"adapter_name": "a", "inputs": ROWS}
+                )
+                statuses.setdefault(name, []).append(answer.status_code)
+        return statuses
+
+    assert asyncio.run(scenario()) == {"alice": [200, 429], "bob": [200]}
+
+
+@pytest.mark.integration
+def test_request_size_bound_on_every_entry_changes_nothing(tmp_path):
+    from inprocess import client
+
+    server = _limited_server(tmp_path, server_args={"max_request_bytes": 4096})
+    padding = {"user_metadata": {"pad": "x" * 5000}}
+
+    async def scenario():
+        async with client(server, "alice") as alice, client(server, "bob") as bob:
+            before = (await alice.get("/api/v1/sessions")).json()
+            big_session = await alice.post("/api/v1/create_session", json={**SESSION, **padding})
+            big_model = await alice.post(
+                f"{NATIVE_MODEL}/add_adapter_to_model",
+                json={"adapter_name": "a", "config": {"r": 4}, **padding},
+            )
+            after = (await alice.get("/api/v1/sessions")).json()
+            small = await bob.post("/api/v1/create_session", json=SESSION)
+            return before, big_session, big_model, after, small
+
+    before, big_session, big_model, after, small = asyncio.run(scenario())
+    for refused in (big_session, big_model):
+        assert refused.status_code == 413, refused.text
+        assert "max_request_bytes" in refused.json()["error"] or "4096" in refused.json()["error"]
+    assert before == after
+    assert small.status_code == 200

@@ -54,4 +54,31 @@ def build_context(config: ServerConfig | dict[str, Any], store: Any = None) -> S
         file_digests=config.auth.api_keys_file_sha256,
         reload_interval_s=config.auth.api_keys_reload_s,
     )
-    return ServerContext(config, state, authenticator_from(auth), gateway_args(config), signer)
+    args = gateway_args(config)
+    authenticate = authenticator_from(auth)
+    if args.rps_limit_per_key:
+        authenticate = per_key_rate_limited(authenticate, args.rps_limit_per_key)
+    return ServerContext(config, state, authenticate, args, signer)
+
+
+def per_key_rate_limited(authenticate: Authenticator, rps: float) -> Authenticator:
+    """``authenticate`` that also admits at most ``rps`` requests/s per tenant (one bucket per
+    API key, so one key's burst never slows another's), refusing with ``RateLimited`` (429)."""
+    from twinkle.server.errors import RateLimited
+    from twinkle.server.model.ratelimit import RateLimiter
+
+    limiter = RateLimiter(rps_limit=rps)
+
+    def limited(headers: Any) -> str:
+        tenant = authenticate(headers)
+        try:
+            limiter.check(tenant)
+        except RateLimited as exc:
+            raise RateLimited(
+                f"over rps_limit_per_key={rps} requests/s for this API key; "
+                f"retry in {exc.retry_after:.2f} s",
+                retry_after=exc.retry_after,
+            ) from None
+        return tenant
+
+    return limited

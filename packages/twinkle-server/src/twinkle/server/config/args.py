@@ -103,6 +103,12 @@ class ServerArgs(StrictModel):
 
     server_config: GatewaySettings = Field(default_factory=GatewaySettings)
     max_request_bytes: int = Field(default=8 * MiB, gt=0)
+    rps_limit_per_key: float | None = Field(
+        default=None,
+        gt=0,
+        description="authenticated requests per second per API key on each replica, every route "
+        "(bursts up to max(1, rate)); over it a 429 with Retry-After. None: unlimited",
+    )
     heartbeat_timeout_s: float = Field(default=60, gt=0)
     future_ttl_s: float = Field(default=3600, gt=0)
     checkpoint_ttl_s: float | None = Field(default=None, gt=0)
