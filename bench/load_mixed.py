@@ -5,7 +5,7 @@ of them of each kind: ``twinkle_sft`` (twinkle_client ``forward_backward`` +
 ``clip_grad_and_step``), ``tinker_sft`` (Tinker SDK ``forward_backward`` + ``optim_step``) and
 ``tinker_rl`` (Tinker SDK: sample from a snapshot of its own weights, ``importance_sampling``
 ``forward_backward`` + ``optim_step``, a fresh snapshot every ``--sync-every`` steps). Low
-per-tenant limits (``--tps-limit`` tokens/s on the model and the sampler) make the server answer
+per-tenant limits (``--rps-limit``, ``--tps-limit``; model and sampler) make the server answer
 429 (twinkle_client retries it) and ``paused_rate_limit`` (the SDK keeps polling the future).
 Prints JSON lines: one per tenant, one per operation (p50/p95/p99 seconds) and a summary (exact
 step counts, fairness, every status the server answered, client errors).
@@ -58,9 +58,10 @@ def keys(n: int) -> list[str]:
     return [f"load-key-{i:02d}" for i in range(n)]
 
 
-def server_config(storage: str, tenants: int, tps_limit: float | None) -> dict:
-    """Gateway, model and sampler of the tiny model; ``tps_limit`` per tenant on both queues."""
-    queue = {"tps_limit": tps_limit} if tps_limit else {}
+def server_config(storage: str, tenants: int, limits: dict) -> dict:
+    """Gateway, model and sampler of the tiny model; ``limits`` (``rps_limit``, ``tps_limit``;
+    per tenant) on both queues."""
+    queue = {k: v for k, v in limits.items() if v}
     slots = tenants + 4  # every tenant's adapter, plus room for the soak's overlapping cycles
     return {
         "auth": {"api_keys": keys(tenants)},
@@ -98,12 +99,12 @@ def server_config(storage: str, tenants: int, tps_limit: float | None) -> dict:
     }
 
 
-def build_server(storage: str, tenants: int, tps_limit: float | None):
+def build_server(storage: str, tenants: int, limits: dict):
     from twinkle.server.config import parse_config
     from twinkle.server.local import build_local_server
     from twinkle.server.state import MemoryStore
 
-    config = parse_config(server_config(storage, tenants, tps_limit))
+    config = parse_config(server_config(storage, tenants, limits))
     return build_local_server(config, store=MemoryStore("load:"))
 
 
@@ -345,7 +346,7 @@ def percentiles(values: list[float]) -> dict:
     return {"p50_s": round(p50, 4), "p95_s": round(p95, 4), "p99_s": round(p99, 4)}
 
 
-def run_load(tenants: int, steps: int, tps_limit: float | None, sync: int) -> list[dict]:
+def run_load(tenants: int, steps: int, limits: dict, sync: int = 10) -> list[dict]:
     """The load run; returns its JSON records (tenants, operations, then the summary)."""
     from live import serve_in_thread
 
@@ -354,7 +355,7 @@ def run_load(tenants: int, steps: int, tps_limit: float | None, sync: int) -> li
     init_tinker_client()
     rec = Recorder()
     with tempfile.TemporaryDirectory() as storage:
-        server = build_server(storage, tenants, tps_limit)
+        server = build_server(storage, tenants, limits)
         counter = StatusCounter(server.app)
         trace = RateLimitTrace(server, keys(tenants))
         model, sampler = server.services["model"], server.services["sampler"]
@@ -393,7 +394,7 @@ def run_load(tenants: int, steps: int, tps_limit: float | None, sync: int) -> li
             "record": "summary",
             "tenants": tenants,
             "steps_per_tenant": steps,
-            "tps_limit": tps_limit,
+            "limits": limits,
             "exact_steps": all(rec.steps[k] == steps for k in keys(tenants)),
             "total_steps": sum(rec.steps.values()),
             "wall_s": round(wall, 2),
@@ -426,16 +427,16 @@ def run_load(tenants: int, steps: int, tps_limit: float | None, sync: int) -> li
 
 
 # ---------------------------------------------------------------------------------------- soak
-def serve(storage: str, port: int, tenants: int, tps_limit: float | None) -> None:
+def serve(storage: str, port: int, tenants: int, limits: dict) -> None:
     """The child process of the soak: the server, alone, so that its resources are its own."""
     import uvicorn
 
-    server = build_server(storage, tenants, tps_limit)
+    server = build_server(storage, tenants, limits)
     uvicorn.run(server.app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
 
 
 @contextlib.contextmanager
-def child_server(storage: str, tenants: int, tps_limit: float | None, timeout_s: float = 180.0):
+def child_server(storage: str, tenants: int, limits: dict, timeout_s: float = 180.0):
     """Yields ``(url, pid)`` of a server in a child process; stops it after."""
     import httpx
     from live import free_port
@@ -443,7 +444,8 @@ def child_server(storage: str, tenants: int, tps_limit: float | None, timeout_s:
     port = free_port()
     log = open(Path(storage) / "server.log", "wb")  # noqa: SIM115 - closed below
     command = [sys.executable, __file__, "--serve", storage, str(port), "--tenants", str(tenants)]
-    command += ["--tps-limit", str(tps_limit or 0)]
+    command += ["--rps-limit", str(limits.get("rps_limit") or 0)]
+    command += ["--tps-limit", str(limits.get("tps_limit") or 0)]
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
@@ -528,7 +530,7 @@ def run_soak(args):
     init_tinker_client()
     rec = Recorder()
     with tempfile.TemporaryDirectory() as storage:
-        with child_server(storage, args.tenants, args.tps_limit or None) as (url, pid):
+        with child_server(storage, args.tenants, limits(args)) as (url, pid):
             started = time.monotonic()
             deadline = started + args.soak_minutes * 60
             threads = [
@@ -568,11 +570,16 @@ def run_soak(args):
     }
 
 
+def limits(args) -> dict:
+    return {"rps_limit": args.rps_limit or None, "tps_limit": args.tps_limit or None}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tenants", type=int, default=16)
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--tps-limit", type=float, default=200.0, help="0: no limit")
+    parser.add_argument("--rps-limit", type=float, default=1.0, help="per tenant; 0: none")
+    parser.add_argument("--tps-limit", type=float, default=100.0, help="per tenant; 0: none")
     parser.add_argument("--sync-every", type=int, default=10, help="RL: steps per weight sync")
     parser.add_argument("--soak-minutes", type=float, default=0.0)
     parser.add_argument("--warmup-minutes", type=float, default=3.0)
@@ -581,13 +588,13 @@ def main() -> None:
     parser.add_argument("--serve", nargs=2, metavar=("STORAGE", "PORT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.serve[0], int(args.serve[1]), args.tenants, args.tps_limit or None)
+        serve(args.serve[0], int(args.serve[1]), args.tenants, limits(args))
         return
     if args.soak_minutes > 0:
         for record in run_soak(args):
             print(json.dumps(record), flush=True)
         return
-    for record in run_load(args.tenants, args.steps, args.tps_limit or None, args.sync_every):
+    for record in run_load(args.tenants, args.steps, limits(args), args.sync_every):
         print(json.dumps(record), flush=True)
 
 

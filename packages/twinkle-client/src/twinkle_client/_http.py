@@ -124,6 +124,11 @@ class HttpTransport:
             attempt += 1
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:
+        """The first retry waits exactly the server's ``retry_after`` (a rate limiter knows when
+        the request fits: a longer wait gives the tenant less than its limit); later ones, where
+        that was not enough (another thread of the same key took the room), back off."""
+        if attempt == 0 and retry_after is not None:
+            return retry_after
         backoff = min(MAX_BACKOFF_S, self.backoff_s * 2**attempt)
         return max(backoff, retry_after or 0.0)
 
@@ -138,7 +143,10 @@ class HttpTransport:
         message = str(
             body.get("error") or body.get("detail") or response.text or response.reason_phrase
         )
-        retry_after = _retry_after(response.headers.get("retry-after"))
+        # The body's exact seconds, else the header's whole ones.
+        retry_after = _retry_after(body.get("retry_after")) or _retry_after(
+            response.headers.get("retry-after")
+        )
         if status == 401:
             message = (
                 "no API key was sent: pass api_key= to init_twinkle_client or set "
@@ -162,10 +170,10 @@ class HttpTransport:
         )
 
 
-def _retry_after(value: str | None) -> float | None:
-    if not value:
+def _retry_after(value: Any) -> float | None:
+    if value is None or value == "" or isinstance(value, bool):
         return None
     try:
         return max(0.0, float(value))
-    except ValueError:
+    except (TypeError, ValueError):
         return None

@@ -43,8 +43,11 @@ class ServiceError(Exception):
         self.request_id = request_id
 
     def to_dict(self) -> dict:
-        """The JSON error body: ``error``, ``category``, ``code`` and, when known, ``request_id``;
-        ``detail`` repeats the message under FastAPI's name, which the tinker CLI prints."""
+        """The JSON error body: ``error``, ``category``, ``code`` and, when known, ``request_id``
+        and ``retry_after``; ``detail`` repeats the message under FastAPI's name, which the tinker
+        CLI prints. ``retry_after`` is in exact seconds: the ``Retry-After`` header can only say
+        whole ones, and a client waiting a whole second for a 0.2 s gap gets less than its rate
+        limit allows."""
         body = {
             "error": self.message,
             "detail": self.message,
@@ -53,6 +56,8 @@ class ServiceError(Exception):
         }
         if self.request_id:
             body["request_id"] = self.request_id
+        if self.retry_after is not None:
+            body["retry_after"] = round(self.retry_after, 3)
         return body
 
     @property

@@ -53,7 +53,8 @@ def error_response(exc: ServiceError) -> JSONResponse:
     """The JSON response for ``exc``, with the current request's id when it has none of its own."""
     body = exc.to_dict()
     body.setdefault("request_id", request_ids.current_request_id())
-    headers = {"Retry-After": f"{max(1, round(exc.retry_after))}"} if exc.retry_after else {}
+    # Rounded up: a client that retries when the header says must not be refused again.
+    headers = {"Retry-After": f"{max(1, math.ceil(exc.retry_after))}"} if exc.retry_after else {}
     if isinstance(exc, Unauthorized):
         headers["WWW-Authenticate"] = exc.challenge
     return JSONResponse(body, status_code=exc.status, headers=headers or None)
