@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+MODES = ("fused", "sliced", "limit", "peft")  # multi_tenant_train.MODES, without importing it
 
 
 def rss_mb(field: str = "VmHWM") -> float | None:
@@ -92,7 +93,13 @@ def measure(
 
 
 def child(request: dict[str, Any]) -> dict[str, Any]:
-    """One mode's run in this (fresh) process: build, ``steps`` steps, the peaks."""
+    """One mode's run in this (fresh) process: build, ``steps`` steps, the peaks.
+
+    Raises:
+        ValueError: For an unknown mode (before the imports: a bad request fails fast).
+    """
+    if request.get("mode") not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {request.get('mode')!r}")
     import multi_tenant_train as mtt
     import torch
 

@@ -1,4 +1,5 @@
-"""Keep bench/multi_tenant_train.py from rotting: its --check mode (fused == sliced) runs in CI."""
+"""Keep bench/multi_tenant_train.py from rotting: its --check mode (fused == sliced, peft ==
+fused) runs in CI, and so do the parts that pick its points."""
 
 import importlib.util
 import sys
@@ -6,15 +7,20 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "multi_tenant_train.py"
+BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
+BENCH = BENCH_DIR / "multi_tenant_train.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("multi_tenant_train", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(BENCH_DIR))  # it imports its private modules as siblings
+    try:
+        spec = importlib.util.spec_from_file_location("multi_tenant_train", BENCH)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCH_DIR))
     return module
 
 
@@ -27,7 +33,8 @@ def test_check_mode_fused_losses_equal_sliced(bench):
 
 def test_check_cli_prints_ok(bench, capsys):
     assert bench.main(["--check", "--threads", "1"]) == 0
-    assert '"check": "ok"' in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert '"check": "ok"' in out and '"peft_first_step"' in out
 
 
 def test_quick_subset_is_tiny_model_only(bench):
@@ -86,6 +93,11 @@ def test_a_point_without_a_step_count_sizes_itself(bench):
     assert result["limit_vs_sliced"] == pytest.approx(
         result["limit_tps"] / result["sliced_tps"], abs=2e-3
     )
+    assert result["peft_tps"] > 0
+    assert result["fused_vs_peft"] == pytest.approx(
+        result["fused_tps"] / result["peft_tps"], abs=2e-3
+    )
+    assert "peak_rss_mb" not in result  # no memory processes unless asked (rss=)
     # The host probe, before and after the timed rounds.
     assert len(result["small_gemm_us"]) == 2 and len(result["small_gemm_us_one_thread"]) == 2
     assert all(v > 0 for v in result["small_gemm_us"] + result["small_gemm_us_one_thread"])
