@@ -502,3 +502,53 @@ def test_request_size_bound_on_every_entry_changes_nothing(tmp_path):
         assert "max_request_bytes" in refused.json()["error"] or "4096" in refused.json()["error"]
     assert before == after
     assert small.status_code == 200
+
+
+# --- 5. direct ingress ports: loopback unless configured -------------------------------------
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("http", "serves"),
+    [
+        ({}, True),  # the default host, 127.0.0.1
+        ({"host": "localhost"}, True),
+        ({"host": "::1"}, True),
+        ({"host": "127.0.0.2"}, True),
+        ({"host": "0.0.0.0"}, False),  # Ray binds the replicas' ports to the proxy's host
+        ({"host": "::"}, False),
+        ({"host": "10.1.2.3"}, False),
+        ({"host": "0.0.0.0", "direct_ingress": True}, True),
+        ({"host": "127.0.0.1", "direct_ingress": False}, False),
+    ],
+)
+def test_direct_ingress_only_on_loopback_unless_configured(http, serves):
+    from twinkle.server.config import HttpOptions
+
+    assert HttpOptions(**http).serves_direct_ingress() is serves
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("host", "expected"), [("0.0.0.0", "0"), ("127.0.0.1", "1")])
+def test_launch_starts_ray_with_direct_ingress_as_the_host_allows(monkeypatch, host, expected):
+    import twinkle.server.launch as launch_module
+
+    for name in launch_module.LOCAL_RAY_ENV:  # recorded, so the test leaves the environment as is
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    started: list[str | None] = []
+
+    def fake_init_ray(namespace=None, direct_ingress=True):
+        # What the local Ray's processes would inherit.
+        launch_module.use_local_ray_env(direct_ingress)
+        started.append(os.environ.get("RAY_SERVE_ENABLE_DIRECT_INGRESS"))
+
+    monkeypatch.setattr(launch_module, "init_ray", fake_init_ray)
+    monkeypatch.setattr(launch_module, "deploy", lambda config, timeout: "http://x/api/v1")
+    config = parse_config({**config_dict(backend="mock"), "http_options": {"host": host}})
+    launch_module.launch(config, blocking=False)
+    assert started == [expected]
+    # An operator's own setting wins over the default.
+    monkeypatch.setenv("RAY_SERVE_ENABLE_DIRECT_INGRESS", "1")
+    launch_module.use_local_ray_env(direct_ingress=False)
+    assert os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"

@@ -107,7 +107,8 @@ def resolve_builder(import_path: str) -> Callable[[ApplicationConfig, ServerConf
 # Ray settings for a Ray that ``launch`` starts itself (an environment value wins; a cluster
 # started by ``ray start`` has the settings of that command's environment). Direct ingress: each
 # ingress replica also serves HTTP on its own port (bound to ``http_options.host``), so clients
-# that ask a model for its address (``GET .../endpoint``) skip Serve's proxy; without a draining
+# that ask a model for its address (``GET .../endpoint``) skip Serve's proxy; it is on only for
+# a loopback host unless ``http_options.direct_ingress`` says otherwise. Without a draining
 # period, stopping the server does not wait 30 s for external load balancers.
 LOCAL_RAY_ENV = {
     "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
@@ -115,15 +116,19 @@ LOCAL_RAY_ENV = {
 }
 
 
-def use_local_ray_env() -> None:
+def use_local_ray_env(direct_ingress: bool = True) -> None:
     """Put ``LOCAL_RAY_ENV`` in this process's environment (values already there win); every
-    Ray process started afterwards from here inherits it."""
+    Ray process started afterwards from here inherits it. ``direct_ingress=False`` (a public
+    ``http_options.host`` without ``direct_ingress: true``) turns direct ingress off."""
     for name, value in LOCAL_RAY_ENV.items():
+        if name == "RAY_SERVE_ENABLE_DIRECT_INGRESS" and not direct_ingress:
+            value = "0"
         os.environ.setdefault(name, value)
 
 
-def init_ray(namespace: str | None = None) -> None:
-    """Connect to ``$RAY_ADDRESS`` or a running cluster, else start a light local Ray."""
+def init_ray(namespace: str | None = None, direct_ingress: bool = True) -> None:
+    """Connect to ``$RAY_ADDRESS`` or a running cluster, else start a light local Ray
+    (with direct ingress as ``direct_ingress`` says, see :func:`use_local_ray_env`)."""
     import ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -137,7 +142,7 @@ def init_ray(namespace: str | None = None) -> None:
         ray.init(address="auto", namespace=namespace, log_to_driver=False)
         logger.info("connected to the running Ray cluster")
     except ConnectionError:
-        use_local_ray_env()
+        use_local_ray_env(direct_ingress)
         ray.init(
             include_dashboard=False,
             _node_ip_address="127.0.0.1",
@@ -257,7 +262,10 @@ def launch(
         raise LaunchError("cannot launch:\n  - " + "\n  - ".join(problems))
     # Keys are read here, once; replicas on any node get only their digests.
     config = config.model_copy(update={"auth": config.auth.sealed()})
-    init_ray(namespace or os.environ.get("TWINKLE_RAY_NAMESPACE") or None)
+    init_ray(
+        namespace or os.environ.get("TWINKLE_RAY_NAMESPACE") or None,
+        config.http_options.serves_direct_ingress(),
+    )
     try:
         url = deploy(config, ready_timeout_s)
     except BaseException:

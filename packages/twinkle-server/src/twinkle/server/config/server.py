@@ -28,6 +28,28 @@ class HttpOptions(StrictModel):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     request_timeout_s: float | None = Field(default=None, gt=0)
+    direct_ingress: bool | None = Field(
+        default=None,
+        description="serve each ingress replica on its own port too (Ray Serve's direct "
+        "ingress, ports 30000+ bound to `host`); default: only when `host` is a loopback address",
+    )
+
+    def serves_direct_ingress(self) -> bool:
+        """Whether ``launch`` turns direct ingress on: as configured, else only on loopback.
+
+        Ray binds the replicas' own ports to the proxy's ``host``; on a public ``host`` they
+        would open further public ports, so that takes ``direct_ingress: true``.
+        """
+        if self.direct_ingress is not None:
+            return self.direct_ingress
+        import ipaddress
+
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
 
 
 class TelemetryConfig(StrictModel):
