@@ -12,6 +12,13 @@ from twinkle.model.lora.layer import LoraRouter, MultiLoraLinear
 from twinkle.model.lora.spec import AdapterSpec
 
 PEFT_PREFIX = "base_model.model."
+#: Module-name prefixes of a multimodal model's vision tower and projector (Qwen-VL, Qwen3.5).
+VISION_PREFIXES = ("model.visual.", "visual.")
+
+
+def is_vision_module(name: str) -> bool:
+    """Whether module ``name`` belongs to the vision tower (or its merger / projector)."""
+    return name.startswith(VISION_PREFIXES)
 
 
 def _output_layer_names(model: nn.Module) -> set[str]:
@@ -29,7 +36,10 @@ def resolve_target_modules(
 ) -> list[str]:
     """Full module names a PEFT selector picks among the model's linears, as peft picks them.
 
-    ``'all-linear'`` takes every linear layer but the output (LM head) layer; another string is a
+    ``'all-linear'`` takes every linear layer but the output (LM head) layer and, on a multimodal
+    model, those of the vision tower and its merger (the language model is what tenants adapt by
+    default; name vision modules, e.g. ``['qkv', 'attn.proj']`` or a regex, to adapt them too,
+    per tenant); another string is a
     regex matched against the full name; a list matches names or name suffixes (the LM head too,
     when named). ``exclude_modules`` (regex or list, the same way) drops names;
     ``layers_to_transform`` keeps, for a list selector, the layers with those indices (the
@@ -38,13 +48,15 @@ def resolve_target_modules(
     Raises:
         ValueError: When the selector matches no linear layer.
     """
-    excluded = _output_layer_names(model) if target_modules == "all-linear" else set()
+    all_linear = target_modules == "all-linear"
+    excluded = _output_layer_names(model) if all_linear else set()
     linears = [
         name
         for name, module in model.named_modules()
         if isinstance(module, (nn.Linear, MultiLoraLinear))
         and not _inside_lora(name)
         and name not in excluded
+        and not (all_linear and is_vision_module(name))
         and not (exclude_modules and _selects(exclude_modules, name))
     ]
     if target_modules == "all-linear":
@@ -117,7 +129,8 @@ def inject_adapter(model: nn.Module, router: LoraRouter, spec: AdapterSpec) -> l
             module.weight.requires_grad_(False)
             if module.bias is not None:
                 module.bias.requires_grad_(False)
-            module = MultiLoraLinear(module, router)
+            scope = "vision" if is_vision_module(name) else "text"
+            module = MultiLoraLinear(module, router, scope=scope)
             setattr(parent, child, module)
         generator = torch.Generator().manual_seed(_adapter_seed(spec, name))
         module.add_adapter(spec.for_module(name), generator)

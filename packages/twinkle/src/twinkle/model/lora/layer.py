@@ -23,6 +23,11 @@ class RowRoute:
     end: int
 
 
+#: Where a layer's input rows come from: the batch's rows (``"text"``), or the vision tower's
+#: patches of every image in the pass, concatenated (``"vision"``).
+SCOPES = ("text", "vision")
+
+
 class LoraRouter:
     """Tells every :class:`MultiLoraLinear` of one model which rows use which adapter, and how.
 
@@ -47,6 +52,10 @@ class LoraRouter:
             raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
         self.kernel = kernel
         self.routes: tuple[RowRoute, ...] = ()
+        # Vision routes count merged image tokens; a vision-tower layer sees a whole multiple of
+        # them (patches before the merger, merged tokens after it) and scales the routes by it.
+        self.vision_routes: tuple[RowRoute, ...] = ()
+        self.vision_tokens = 0
         # A number per distinct routing layout, never reused: layers key their cached plans on it.
         self.layout_id = 0
         self._layout_ids: dict[tuple[RowRoute, ...], int] = {}
@@ -55,21 +64,49 @@ class LoraRouter:
         self._anchors: dict[torch.device, torch.Tensor] | None = None
 
     @contextmanager
-    def route(self, routes: list[RowRoute]):
-        """Use ``routes`` (non-overlapping, any order) for the forward passes inside the block."""
-        previous = self.routes, self.layout_id
+    def route(self, routes: list[RowRoute], vision_routes: list[RowRoute] | None = None):
+        """Use ``routes`` (non-overlapping, any order) for the forward passes inside the block.
+
+        ``vision_routes`` route the pass's images through the vision tower's layers: ranges of
+        merged image tokens (the images of all rows concatenated in row order), each with the
+        adapter of the rows the images belong to.
+        """
+        previous = self.routes, self.vision_routes, self.vision_tokens, self.layout_id
         self.routes = tuple(sorted(routes, key=lambda r: r.start))
-        layout_id = self._layout_ids.get(self.routes)
+        self.vision_routes = tuple(sorted(vision_routes or (), key=lambda r: r.start))
+        self.vision_tokens = max((r.end for r in self.vision_routes), default=0)
+        layout = (self.routes, self.vision_routes)
+        layout_id = self._layout_ids.get(layout)
         if layout_id is None:
             if len(self._layout_ids) >= self.MAX_LAYOUTS:
                 self._layout_ids.clear()
-            layout_id = self._layout_ids[self.routes] = self._next_id
+            layout_id = self._layout_ids[layout] = self._next_id
             self._next_id += 1
         self.layout_id = layout_id
         try:
             yield
         finally:
-            self.routes, self.layout_id = previous
+            self.routes, self.vision_routes, self.vision_tokens, self.layout_id = previous
+
+    def routes_for(self, scope: str, rows: int) -> tuple[RowRoute, ...]:
+        """The routes of a layer of ``scope`` whose input has ``rows`` rows.
+
+        Raises:
+            ValueError: A vision layer's input is not a whole multiple of the routed image tokens.
+        """
+        if scope == "text":
+            return self.routes
+        if not self.vision_routes:
+            return ()
+        factor, rest = divmod(rows, self.vision_tokens)
+        if rest or not factor:
+            raise ValueError(
+                f"a vision layer got {rows} rows, not a multiple of the pass's "
+                f"{self.vision_tokens} image tokens"
+            )
+        return tuple(
+            RowRoute(r.adapter, r.start * factor, r.end * factor) for r in self.vision_routes
+        )
 
     @contextmanager
     def direct_weight_grads(self):
@@ -112,8 +149,11 @@ class MultiLoraLinear(nn.Module):
     saved adapter is a standard PEFT checkpoint.
     """
 
-    def __init__(self, base_layer: nn.Linear, router: LoraRouter) -> None:
+    def __init__(self, base_layer: nn.Linear, router: LoraRouter, scope: str = "text") -> None:
         super().__init__()
+        if scope not in SCOPES:
+            raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}")
+        self.scope = scope
         self.base_layer = base_layer
         self.lora_A = nn.ModuleDict()
         self.lora_B = nn.ModuleDict()
@@ -177,7 +217,7 @@ class MultiLoraLinear(nn.Module):
         """
         segments = []
         training = torch.is_grad_enabled()
-        for route in self._router.routes:
+        for route in self._router.routes_for(self.scope, rows):
             if route.adapter not in self.lora_A or route.start >= rows:
                 continue
             dropout = self.lora_dropout[route.adapter] if training else None
@@ -195,8 +235,8 @@ class MultiLoraLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base_layer(x)
-        routes = self._router.routes
-        if not routes:
+        router = self._router
+        if not (router.vision_routes if self.scope == "vision" else router.routes):
             return out
         key = (self._router.layout_id, x.shape[:-1], x.dtype, x.device, torch.is_grad_enabled())
         cached = self._plans.get(key)

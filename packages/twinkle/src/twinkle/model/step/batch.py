@@ -33,6 +33,8 @@ Alignment = Literal["shifted", "aligned"]
 
 #: The input tensors a batch keeps, and the value that pads each to a longer sequence.
 PAD_VALUES = {"input_ids": 0, "attention_mask": 0, "labels": IGNORE_INDEX, "position_ids": 0}
+#: Image inputs a batch keeps as they are (concatenated over rows, never padded).
+IMAGE_KEYS = ("pixel_values", "image_grid_thw")
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,8 @@ class TenantBatch:
 
     Attributes:
         tenant: The adapter name whose rows these are.
-        tensors: ``input_ids`` and, when given, ``attention_mask``, ``labels``, ``position_ids``.
+        tensors: ``input_ids`` and, when given, ``attention_mask``, ``labels``, ``position_ids``,
+            and the image inputs ``pixel_values`` / ``image_grid_thw``.
         targets: ``[B, T]`` target token at each position, ``-100`` where none.
         mask: ``[B, T]`` float, 1 where a target is trained.
         extras: ``advantages``, ``old_logprobs``, ``ref_logprobs``, ``weights`` on the targets'
@@ -120,7 +123,7 @@ def collate(
     loss = kwargs.pop("loss", None)
     return TenantBatch(
         tenant=tenant_name,
-        tensors={k: tensors[k] for k in PAD_VALUES if k in tensors},
+        tensors={k: tensors[k] for k in (*PAD_VALUES, *IMAGE_KEYS) if k in tensors},
         targets=targets,
         mask=(targets != IGNORE_INDEX).float(),
         extras=extras,
@@ -181,4 +184,12 @@ def _check_lengths(tenant_name: str, template: Any, features: list[Any]) -> None
             )
 
 
-__all__ = ["PAD_VALUES", "Alignment", "TenantBatch", "collate", "per_token", "with_loss_inputs"]
+__all__ = [
+    "IMAGE_KEYS",
+    "PAD_VALUES",
+    "Alignment",
+    "TenantBatch",
+    "collate",
+    "per_token",
+    "with_loss_inputs",
+]

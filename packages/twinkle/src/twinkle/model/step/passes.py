@@ -12,6 +12,7 @@ import torch
 from twinkle.model.lora import LoraRouter, RowRoute
 from twinkle.model.step.batch import PAD_VALUES, TenantBatch
 from twinkle.model.step.tensors import IGNORE_INDEX, token_logprobs
+from twinkle.model.step.vision import vision_inputs
 
 
 @dataclass
@@ -41,14 +42,17 @@ def run_base(
     device: torch.device,
 ) -> torch.Tensor:
     """Logits of one forward over the rows of ``batches`` stacked (right-padded to a common
-    length); ``routes`` send each row range to its adapter, ``None`` runs the bare base model."""
+    length); ``routes`` send each row range to its adapter, ``None`` runs the bare base model.
+    Only the rows with images feed the vision tower (:mod:`.vision`)."""
     seq = max(b.tensors["input_ids"].shape[1] for b in batches)
     stacked = {}
     for key, pad in PAD_VALUES.items():
         if all(key in b.tensors for b in batches):
             stacked[key] = torch.cat([pad_to(b.tensors[key], seq, pad) for b in batches]).to(device)
     stacked.pop("labels", None)
-    with router.route(routes or []):
+    images, vision_routes = vision_inputs(base_model, batches, stacked, device)
+    stacked.update(images)
+    with router.route(routes or [], vision_routes if routes else None):
         return base_model(**stacked, use_cache=False).logits
 
 

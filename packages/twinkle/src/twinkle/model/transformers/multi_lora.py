@@ -50,9 +50,11 @@ from twinkle.model.step import (
 )
 from twinkle.model.step import optimizer as optimizer_steps
 from twinkle.model.step.tensors import is_collated
+from twinkle.model.step.vision import check_images_supported
 from twinkle.model.tenant import Tenant, TrainConfigs
 from twinkle.model.threads import small_on_cpu
 from twinkle.model.transformers import _checkpoints
+from twinkle.model.transformers._auto import auto_model_class
 
 
 class MultiLoraTransformersModel:
@@ -91,21 +93,23 @@ class MultiLoraTransformersModel:
         options: ExecutionOptions | dict[str, Any] | None = None,
         **model_kwargs: Any,
     ) -> None:
-        from transformers import AutoModelForCausalLM
-
         self.options = resolve_options(options)
         self.model_id = model_id
         self.model_dir = resolve_model_dir(model_id)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = torch_dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         with remote_code_guard(self.model_dir) as trust:
-            self.model = AutoModelForCausalLM.from_pretrained(
-                self.model_dir,
-                dtype=dtype,
-                attn_implementation=attn_implementation,
-                trust_remote_code=trust,
-                **model_kwargs,
-            ).to(self.device)
+            self.model = (
+                auto_model_class(self.model_dir, trust)
+                .from_pretrained(
+                    self.model_dir,
+                    dtype=dtype,
+                    attn_implementation=attn_implementation,
+                    trust_remote_code=trust,
+                    **model_kwargs,
+                )
+                .to(self.device)
+            )
         self.model.requires_grad_(False)
         self.model.eval()  # dropout lives in the adapters; the base model is frozen
         self.router = LoraRouter(kernel=self.options.lora_kernel)
@@ -382,7 +386,7 @@ class MultiLoraTransformersModel:
         """The tenant's inputs as a batch; its template and processor are only looked up (and
         built when first used) for inputs that are not collated tensors yet."""
         raw = not is_collated(inputs)
-        return collate(
+        batch = collate(
             tenant.name,
             inputs,
             kwargs,
@@ -390,6 +394,8 @@ class MultiLoraTransformersModel:
             processor=self._processor_of(tenant) if raw else None,
             vocab_size=self.model.get_input_embeddings().weight.shape[0],
         )
+        check_images_supported(self.model, batch)
+        return batch
 
     def _forward(
         self, tenant: Tenant, inputs: Any, kwargs: dict[str, Any], grad: bool
