@@ -62,6 +62,7 @@ def build_local_server(config: ServerConfig, store: Any = None) -> LocalServer:
                 LocalClient(TracedService(service, "Model"))
             )
             backends.max_context[base_model_name(args.model_id)] = args.max_length
+            backends.max_lora_rank[base_model_name(args.model_id)] = args.max_lora_rank
             mounts.append(
                 (
                     app_config.route_prefix,

@@ -65,6 +65,7 @@ class Backends:
     samplers: dict[str, OperationClient] = field(default_factory=dict)
     max_context: dict[str, int | None] = field(default_factory=dict)
     sample_limits: dict[str, SampleLimits] = field(default_factory=dict)
+    max_lora_rank: dict[str, int] = field(default_factory=dict)
 
     def model(self, base_model: str) -> OperationClient:
         if base_model not in self.models:

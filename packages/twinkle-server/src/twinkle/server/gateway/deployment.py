@@ -31,6 +31,7 @@ def handle_backends(config: ServerConfig) -> Backends:
             name = base_model_name(app.args.model_id)
             backends.models[name] = TracedClient(HandleClient(DEPLOYMENT_NAMES["model"], app.name))
             backends.max_context[name] = app.args.max_length
+            backends.max_lora_rank[name] = app.args.max_lora_rank
         elif isinstance(app.args, SamplerArgs):
             name = base_model_name(app.args.model_id)
             backends.samplers[name] = TracedClient(

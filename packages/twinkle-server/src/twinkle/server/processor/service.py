@@ -140,6 +140,8 @@ class ProcessorService:
             raise BadRequest(
                 f"unsupported dataset scheme in {dataset_id!r}; use builtin://, ms:// or hf://"
             )
+        if "\x00" in dataset_id or not dataset_id.isprintable():
+            raise BadRequest(f"dataset_id {dataset_id!r} is not a printable path or hub id")
         path = Path(dataset_id).expanduser().resolve()
         if not any(path == d or d in path.parents for d in self.allowed_dirs):
             raise Forbidden(

@@ -115,6 +115,8 @@ class TinkerApi:
     def sampler_target(self, owner: str, body: dict[str, Any]) -> tuple[str, str | None]:
         """(base model, twinkle:// adapter path or None) of a sampling request."""
         sid = body.get("sampling_session_id")
+        if sid is not None and not isinstance(sid, str):
+            raise BadRequest(f"sampling_session_id must be a string, got {sid!r}")
         if sid:
             record = self.state.get_sampling_session(owner, sid)
             return record.base_model, record.model_path

@@ -154,7 +154,11 @@ def check_prompt(tokens: list[int], vocab_size: int | None) -> None:
 def prompt_tokens(prompt: dict[str, Any]) -> list[int]:
     """The token ids of a JSON ``ModelInput`` (encoded-text chunks only)."""
     tokens: list[int] = []
-    for i, chunk in enumerate((prompt or {}).get("chunks") or []):
+    if not isinstance(prompt, dict) or not isinstance(prompt.get("chunks") or [], list):
+        raise BadRequest("prompt must be a ModelInput object with a list of chunks")
+    for i, chunk in enumerate(prompt.get("chunks") or []):
+        if not isinstance(chunk, dict) or not isinstance(chunk.get("tokens") or [], list):
+            raise BadRequest(f"prompt.chunks[{i}] must be an object with a tokens list")
         if chunk.get("type", "encoded_text") != "encoded_text":
             raise BadRequest(
                 f"prompt.chunks[{i}]: only encoded_text chunks are supported by this server"

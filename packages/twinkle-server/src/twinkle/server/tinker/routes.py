@@ -64,7 +64,12 @@ def _config_routes(router: APIRouter, api: TinkerApi) -> None:
 
     @router.post("/cancel_future")
     async def cancel_future(request: Request) -> dict:
-        api.ctx.authenticate(request.headers)
+        """Accepted and ignored (``sample_cancel_enabled`` is off); another key's future is
+        unknown (404), as on every route taking an id."""
+        owner = api.ctx.authenticate(request.headers)
+        rid = (await read_json(request, api.max_bytes)).get("request_id")
+        if isinstance(rid, str):
+            api.state.get_future(owner, rid)
         return {}
 
 
@@ -92,6 +97,11 @@ def _training_routes(router: APIRouter, api: TinkerApi) -> None:
                 f"optimizer {optimizer!r} is not supported; this server trains with adamw"
             )
         config = convert.lora_config(body.get("lora_config"))
+        max_rank = api.backends.max_lora_rank.get(base_model)
+        if max_rank is not None and config["r"] > max_rank:  # refused now, not in the future
+            raise BadRequest(
+                f"lora_config.rank {config['r']} is over this server's max_lora_rank={max_rank}"
+            )
         model_id = f"{session_id}:train:{seq}"
         keys = api.dedupe_keys(request, "create_model", model_id)
         if rid := api.futures.find(owner, keys):

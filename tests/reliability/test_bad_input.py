@@ -1,0 +1,729 @@
+"""Bad input on every application's routes: each case is a 4xx in time, names the field, leaks
+nothing and changes no state (store, storage files, adapter weights/grads/optimizer, datasets).
+
+The catalogue: malformed JSON, wrong types and shapes, NaN/Infinity (Python's json accepts the
+literals), huge and negative numbers, token ids out of vocabulary, mismatched lengths, empty
+batches, oversized bodies, zstd/gzip bombs on the protobuf route, deep nesting, unicode and path
+tricks in every name, another tenant's records, and a symlink planted in storage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import os
+
+import pytest
+import zstandard
+from _bad_input_cases import MODEL, PROCESSOR, SAMPLER, Case, check, world
+
+from twinkle.server.web import DEFAULT_MAX_REQUEST_BYTES
+
+V1 = "/api/v1"
+JSON = {"content-type": "application/json"}
+PROTO = {"content-type": "application/x-protobuf"}
+NAME_FIELDS = ("name", "path", "adapter", "checkpoint", "not found", "invalid", "forbidden")
+# Name tricks tried in every name field (checkpoint, run, adapter, dataset).
+NAMES = [
+    "../escape",
+    "../../../../etc/passwd",
+    "/etc/passwd",
+    "%2e%2e%2fescape",
+    "..",
+    "a/../../b",
+    "nul\x00byte",
+    "\u202eevil",
+    "\ud800",
+    "",
+    "x" * 5000,
+]
+
+
+def raw(obj_text: str) -> bytes:
+    return obj_text.encode()
+
+
+def _json_routes() -> list[tuple[str, str]]:
+    """Every route that reads a JSON object body (method, url)."""
+    gateway = [
+        "create_session",
+        "session_heartbeat",
+        "create_model",
+        "get_info",
+        "optim_step",
+        "unload_model",
+        "save_weights",
+        "save_weights_for_sampler",
+        "load_weights",
+        "weights_info",
+        "create_sampling_session",
+        "asample",
+        "retrieve_future",
+        "sessions/search",
+    ]
+    model = ["forward_backward", "add_adapter_to_model", "set_optimizer", "save", "load"]
+    return (
+        [("POST", f"{V1}/{r}") for r in gateway]
+        + [("POST", f"{MODEL}/{op}") for op in model]
+        + [("POST", f"{SAMPLER}/sample"), ("POST", f"{PROCESSOR}/create_dataset")]
+    )
+
+
+def _malformed_bodies() -> list[Case]:
+    deep = "[" * 200_000 + "]" * 200_000
+    deep_obj = '{"a":' * 100_000 + "1" + "}" * 100_000
+    bodies = [
+        ("malformed", b'{"a": ', ("malformed", "JSON")),
+        ("list", b"[1, 2]", ("object",)),
+        ("not-utf8", b'{"a": "\xff\xfe"}', ("malformed", "JSON")),
+        ("deep-list", deep.encode(), ("nested",)),
+        ("deep-object", deep_obj.encode(), ("nested",)),
+        ("nan", b'{"session_id": NaN, "x": NaN}', ("nan", "finite")),
+        ("infinity", b'{"x": [1, -Infinity]}', ("inf", "finite")),
+        ("overflow", b'{"x": 1e999}', ("inf", "finite")),
+    ]
+    return [
+        Case(f"{url} {label}", method, url, mentions, content=body, headers=JSON)
+        for method, url in _json_routes()
+        for label, body, mentions in bodies
+    ]
+
+
+def _sampling_cases() -> list[Case]:
+    prompt = {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]}
+
+    def sample(label, mentions, params=None, **fields):
+        body = {
+            "sampling_session_id": "{alice_sampler}",
+            "seq_id": 10_000 + len(label),
+            "num_samples": 1,
+            "prompt": prompt,
+            "sampling_params": {"max_tokens": 2, **(params or {})},
+            **fields,
+        }
+        return Case(f"asample {label}", "POST", f"{V1}/asample", mentions, json=body)
+
+    nan = (
+        b'{"sampling_session_id": "{alice_sampler}", "seq_id": 1, "prompt": {"chunks": '
+        b'[{"tokens": [1]}]}, "sampling_params": {"temperature": NaN, "max_tokens": 2}}'
+    )
+    return [
+        Case(
+            "asample temperature NaN",
+            "POST",
+            f"{V1}/asample",
+            ("temperature",),
+            content=nan,
+            headers=JSON,
+        ),
+        sample("num_samples huge", ("num_samples",), num_samples=10_000_000),
+        sample("num_samples zero", ("num_samples",), num_samples=0),
+        sample("num_samples str", ("num_samples",), num_samples="3"),
+        sample("max_tokens huge", ("max_tokens",), {"max_tokens": 10**9}),
+        sample("max_tokens negative", ("max_tokens",), {"max_tokens": -1}),
+        sample("max_tokens float", ("max_tokens",), {"max_tokens": 2.5}),
+        sample("temperature negative", ("temperature",), {"temperature": -1.0}),
+        sample("temperature str", ("temperature",), {"temperature": "hot"}),
+        sample("top_p zero", ("top_p",), {"top_p": 0.0}),
+        sample("top_p above one", ("top_p",), {"top_p": 1.5}),
+        sample("top_k below -1", ("top_k",), {"top_k": -5}),
+        sample("seed str", ("seed",), {"seed": "abc"}),
+        sample("stop number", ("stop",), {"stop": 5}),
+        sample("params list", ("sampling_params",), sampling_params=[1]),
+        sample("topk negative", ("topk_sample_logprobs",), topk_sample_logprobs=-1),
+        sample("token out of vocab", ("prompt", "token"), prompt={"chunks": [{"tokens": [10**9]}]}),
+        sample("token negative", ("prompt", "token"), prompt={"chunks": [{"tokens": [-1]}]}),
+        sample("token str", ("tokens",), prompt={"chunks": [{"tokens": ["a"]}]}),
+        sample("empty prompt", ("prompt",), prompt={"chunks": []}),
+        sample("chunks not a list", ("prompt", "chunks"), prompt={"chunks": 5}),
+        sample("session id int", ("sampling_session_id",), sampling_session_id=5),
+        sample("bob's sampler", ("not found",), sampling_session_id="{bob_session}:sample:0"),
+        sample(
+            "last_n huge",
+            ("prompt_logprobs_last_n",),
+            prompt_logprobs=True,
+            prompt_logprobs_last_n=99,
+        ),
+    ]
+
+
+def _datum(tokens, targets, **inputs):
+    from tinker import types
+
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens),
+        loss_fn_inputs={"target_tokens": targets, **inputs},
+    )
+
+
+def _fb(data, loss_fn="cross_entropy", model_id="{alice_model}", **config):
+    """A ForwardBackwardRequest built at send time (``model_id`` may name a world id)."""
+    return lambda ids: _fb_bytes(data, loss_fn, model_id.format(**ids), **config)
+
+
+def _fb_bytes(data, loss_fn, model_id, **config) -> bytes:
+    from tinker import types
+    from tinker.proto.request_conv import forward_backward_request_to_proto
+
+    request = types.ForwardBackwardRequest(
+        forward_backward_input=types.ForwardBackwardInput(
+            data=data, loss_fn=loss_fn, loss_fn_config=config or None
+        ),
+        model_id=model_id,
+        seq_id=1,
+    )
+    return forward_backward_request_to_proto(request).SerializeToString()
+
+
+def _protobuf_cases() -> list[Case]:
+    url = f"{V1}/forward_backward"
+    nan = float("nan")
+    good = [_datum([1, 2, 3], [2, 3, 4], weights=[1.0, 1.0, 1.0])]
+    ppo = {"logprobs": [-1.0, -1.0, -1.0]}
+
+    def fb(label, mentions, body, headers=PROTO, status=None):
+        return Case(
+            f"forward_backward {label}",
+            "POST",
+            url,
+            mentions,
+            content=body,
+            headers=headers,
+            status=status,
+        )
+
+    bomb = zstandard.ZstdCompressor().compress(b"\0" * (DEFAULT_MAX_REQUEST_BYTES + 1024))
+    return [
+        fb("garbage", ("protobuf",), b"\xff\x00garbage"),
+        fb("json content type", ("protobuf",), b"{}", JSON),
+        fb("zstd bomb", ("over the limit",), bomb, {**PROTO, "content-encoding": "zstd"}),
+        fb(
+            "zstd garbage",
+            ("zstd",),
+            b"\x28\xb5\x2f\xfd garbage",
+            {**PROTO, "content-encoding": "zstd"},
+        ),
+        fb(
+            "gzip bomb",
+            ("content-encoding",),
+            gzip.compress(b"\0" * (1 << 24)),
+            {**PROTO, "content-encoding": "gzip"},
+        ),
+        fb("empty batch", ("datum",), _fb([])),
+        fb("empty tokens", ("model_input", "empty"), _fb([_datum([], [])])),
+        fb("token out of vocab", ("model_input", "token"), _fb([_datum([10**8, 2], [2, 3])])),
+        fb("negative token", ("model_input", "token"), _fb([_datum([-4, 2], [2, 3])])),
+        fb("target out of vocab", ("target_tokens",), _fb([_datum([1, 2], [2, 10**8])])),
+        fb("mismatched lengths", ("target_tokens", "values"), _fb([_datum([1, 2, 3], [2, 3])])),
+        fb("NaN weights", ("weights", "finite"), _fb([_datum([1, 2], [2, 3], weights=[nan, 1.0])])),
+        fb(
+            "NaN advantages (importance_sampling)",
+            ("advantages", "finite"),
+            _fb(
+                [_datum([1, 2, 3], [2, 3, 4], advantages=[nan, 0.0, 1.0], **ppo)],
+                "importance_sampling",
+            ),
+        ),
+        fb(
+            "Inf advantages (ppo)",
+            ("advantages", "finite"),
+            _fb([_datum([1, 2, 3], [2, 3, 4], advantages=[float("inf"), 0.0, 1.0], **ppo)], "ppo"),
+        ),
+        fb(
+            "NaN logprobs (ppo)",
+            ("logprobs", "finite"),
+            _fb([_datum([1, 2, 3], [2, 3, 4], advantages=[1.0] * 3, logprobs=[nan] * 3)], "ppo"),
+        ),
+        fb(
+            "NaN clip (ppo)",
+            ("clip_low_threshold", "finite"),
+            _fb(
+                [_datum([1, 2, 3], [2, 3, 4], advantages=[1.0] * 3, **ppo)],
+                "ppo",
+                clip_low_threshold=nan,
+            ),
+        ),
+        fb(
+            "missing advantages", ("advantages",), _fb([_datum([1, 2, 3], [2, 3, 4], **ppo)], "ppo")
+        ),
+        fb("unknown loss", ("loss_fn",), _fb(good, "nope")),
+        fb("bob's model", ("not found", "model"), _fb(good, model_id="{bob_session}:train:0")),
+        fb("model id traversal", ("not found", "model"), _fb(good, model_id="../../etc")),
+    ]
+
+
+def _tinker_json_cases() -> list[Case]:
+    def post(route, label, mentions, body, status=None):
+        return Case(f"{route} {label}", "POST", f"{V1}/{route}", mentions, json=body, status=status)
+
+    model = "{alice_model}"
+    cases = [
+        post(
+            "create_model",
+            "seq str",
+            ("model_seq_id",),
+            {"session_id": "{alice_session}", "model_seq_id": "0", "base_model": "tiny/qwen3"},
+        ),
+        post(
+            "create_model",
+            "rank negative",
+            ("rank",),
+            {
+                "session_id": "{alice_session}",
+                "model_seq_id": 5,
+                "base_model": "tiny/qwen3",
+                "lora_config": {"rank": -1},
+            },
+        ),
+        post(
+            "create_model",
+            "rank huge",
+            ("rank",),
+            {
+                "session_id": "{alice_session}",
+                "model_seq_id": 6,
+                "base_model": "tiny/qwen3",
+                "lora_config": {"rank": 10**9},
+            },
+        ),
+        post(
+            "create_model",
+            "bob's session",
+            ("not found", "session"),
+            {"session_id": "{bob_session}", "model_seq_id": 7, "base_model": "tiny/qwen3"},
+        ),
+        post(
+            "create_model",
+            "unknown base model",
+            ("base model",),
+            {"session_id": "{alice_session}", "model_seq_id": 8, "base_model": "../x"},
+        ),
+        post("get_info", "bob's model", ("not found",), {"model_id": "{bob_session}:train:0"}),
+        post("get_info", "model id int", ("model_id", "not found"), {"model_id": 5}),
+        post(
+            "optim_step",
+            "lr negative",
+            ("learning_rate", "lr"),
+            {"model_id": model, "seq_id": 50, "adam_params": {"learning_rate": -1.0}},
+        ),
+        post(
+            "optim_step",
+            "lr str",
+            ("learning_rate", "lr"),
+            {"model_id": model, "seq_id": 51, "adam_params": {"learning_rate": "fast"}},
+        ),
+        post(
+            "optim_step",
+            "beta above one",
+            ("beta",),
+            {"model_id": model, "seq_id": 52, "adam_params": {"beta1": 2.0}},
+        ),
+        post("retrieve_future", "id int", ("request_id",), {"request_id": 5}),
+        post(
+            "retrieve_future",
+            "bob's future",
+            ("not found", "request"),
+            {"request_id": "req-00000000000000000000000000000000"},
+        ),
+        post("session_heartbeat", "missing", ("session_id",), {}),
+        post(
+            "session_heartbeat", "bob's", ("not found", "session"), {"session_id": "{bob_session}"}
+        ),
+        post(
+            "load_weights",
+            "bob's checkpoint",
+            ("not found", "checkpoint"),
+            {"model_id": model, "seq_id": 60, "path": "{bob_ckpt}"},
+        ),
+        post(
+            "weights_info",
+            "bob's checkpoint",
+            ("not found", "checkpoint"),
+            {"tinker_path": "{bob_ckpt}"},
+        ),
+    ]
+    for i, name in enumerate(NAMES):
+        cases.append(
+            post(
+                "save_weights",
+                f"name {name[:12]!r}",
+                NAME_FIELDS,
+                {"model_id": model, "seq_id": 100 + i, "path": name or None}
+                if name
+                else {"model_id": model, "seq_id": 100 + i, "path": "a" * 5000},
+            )
+        )
+        cases.append(
+            post(
+                "load_weights",
+                f"path {name[:12]!r}",
+                NAME_FIELDS + ("tinker://",),
+                {
+                    "model_id": model,
+                    "seq_id": 200 + i,
+                    "path": f"tinker://{{alice_run}}/weights/{name}",
+                },
+            )
+        )
+        cases.append(
+            post(
+                "create_sampling_session",
+                f"model_path {name[:12]!r}",
+                NAME_FIELDS + ("tinker://",),
+                {
+                    "session_id": "{alice_session}",
+                    "sampling_session_seq_id": 300 + i,
+                    "model_path": f"tinker://{name}/weights/x",
+                },
+            )
+        )
+    return cases
+
+
+def _common_cases() -> list[Case]:
+    def get(url, label, mentions, status=None):
+        return Case(f"GET {url} {label}", "GET", url, mentions, status=status)
+
+    cases = [
+        get(f"{V1}/training_runs/{{bob_run}}", "bob's run", ("not found",), 404),
+        get(
+            f"{V1}/training_runs/{{bob_run}}/checkpoints", "bob's checkpoints", ("not found",), 404
+        ),
+        get(f"{V1}/training_runs?limit=-1", "negative limit", ("limit",)),
+        get(f"{V1}/training_runs?limit=abc", "limit str", ("limit",)),
+        get(f"{V1}/training_runs?offset=-5", "negative offset", ("offset",)),
+        get(f"{V1}/training_runs?limit=99999999999999999999", "huge limit", ("limit",)),
+        Case(
+            "finish bob's session",
+            "POST",
+            f"{V1}/sessions/{{bob_session}}/finish",
+            ("not found", "session"),
+            json={},
+            status=404,
+        ),
+        Case(
+            "delete bob's checkpoint",
+            "DELETE",
+            f"{V1}/training_runs/{{bob_run}}/checkpoints/weights/ck-1",
+            ("not found",),
+            status=404,
+        ),
+        Case(
+            "ttl NaN",
+            "PUT",
+            f"{V1}/training_runs/{{alice_run}}/checkpoints/weights/ck-1/ttl",
+            ("ttl_seconds", "nan", "finite"),
+            content=b'{"ttl_seconds": NaN}',
+            headers=JSON,
+        ),
+        Case(
+            "ttl negative",
+            "PUT",
+            f"{V1}/training_runs/{{alice_run}}/checkpoints/weights/ck-1/ttl",
+            ("ttl_seconds",),
+            json={"ttl_seconds": -1},
+        ),
+        Case(
+            "ttl str",
+            "PUT",
+            f"{V1}/training_runs/{{alice_run}}/checkpoints/weights/ck-1/ttl",
+            ("ttl_seconds",),
+            json={"ttl_seconds": "soon"},
+        ),
+        Case(
+            "oversized body",
+            "POST",
+            f"{V1}/create_session",
+            ("over the limit",),
+            content=b'{"tags": ["' + b"x" * (DEFAULT_MAX_REQUEST_BYTES + 10) + b'"]}',
+            headers=JSON,
+            status=413,
+        ),
+        Case("no key", "GET", f"{V1}/training_runs", ("API key",), who=None, status=401),
+    ]
+    # (a raw ".." segment is resolved by the HTTP client before it is sent)
+    for name in ["%2e%2e", "..%2f..%2fetc", "%00", "\u202e"]:
+        for kind in ("weights", "%2e%2e"):
+            cases.append(
+                Case(
+                    f"delete {kind}/{name!r}",
+                    "DELETE",
+                    f"{V1}/training_runs/{{alice_run}}/checkpoints/{kind}/{name}",
+                    ("not found", "checkpoint", "invalid", "name", "kind"),
+                )
+            )
+            cases.append(
+                Case(
+                    f"delete run {name!r}",
+                    "DELETE",
+                    f"{V1}/training_runs/{name}/checkpoints/weights/ck-1",
+                    ("not found", "run", "invalid"),
+                )
+            )
+    return cases
+
+
+def _native_cases() -> list[Case]:
+    def op(name, label, mentions, body=None, content=None, url=MODEL, status=None):
+        return Case(
+            f"{url.rsplit('/', 1)[-1]} {name} {label}",
+            "POST",
+            f"{url}/{name}",
+            mentions,
+            json=body,
+            content=content,
+            headers=JSON if content else {},
+            status=status,
+        )
+
+    feats = [{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}]
+    cases = [
+        op(
+            "forward_backward",
+            "empty batch",
+            ("inputs",),
+            {"adapter_name": "default", "inputs": []},
+        ),
+        op(
+            "forward_backward",
+            "out of vocab",
+            ("input_ids", "token", "vocab"),
+            {"adapter_name": "default", "inputs": [{"input_ids": [10**9, 2], "labels": [1, 2]}]},
+        ),
+        op(
+            "forward_backward",
+            "negative ids",
+            ("input_ids", "token", "vocab"),
+            {"adapter_name": "default", "inputs": [{"input_ids": [-3, 2], "labels": [1, 2]}]},
+        ),
+        op(
+            "forward_backward",
+            "NaN advantages",
+            ("advantages", "nan", "finite"),
+            content=b'{"adapter_name": "default", "inputs": [{"input_ids": [1, 2, 3], '
+            b'"labels": [1, 2, 3]}], "advantages": [NaN]}',
+        ),
+        op(
+            "forward_backward",
+            "ids str",
+            ("input_ids",),
+            {"adapter_name": "default", "inputs": [{"input_ids": "abc"}]},
+        ),
+        op(
+            "forward_backward",
+            "bob's adapter",
+            ("adapter",),
+            {"adapter_name": "../bob/default", "inputs": feats},
+        ),
+        op(
+            "add_adapter_to_model",
+            "rank negative",
+            ("r", "rank"),
+            {"adapter_name": "x1", "config": {"r": -1}},
+        ),
+        op(
+            "add_adapter_to_model",
+            "rank huge",
+            ("r", "rank"),
+            {"adapter_name": "x2", "config": {"r": 10**9}},
+        ),
+        op(
+            "set_optimizer",
+            "lr NaN",
+            ("lr", "nan", "finite"),
+            content=b'{"adapter_name": "default", "optimizer": "Adam", "lr": NaN}',
+        ),
+        op(
+            "set_optimizer",
+            "unknown optimizer",
+            ("optimizer",),
+            {"adapter_name": "default", "optimizer": "os.system"},
+        ),
+        op(
+            "load",
+            "bob's checkpoint",
+            ("not found", "checkpoint"),
+            {"adapter_name": "default", "path": "{bob_ckpt}"},
+        ),
+        op("no_such_op", "unknown op", ("operation", "no_such_op")),
+        op("sample", "empty inputs", ("inputs",), {"inputs": []}, url=SAMPLER),
+        op(
+            "sample",
+            "temperature str",
+            ("temperature",),
+            {"inputs": [[1, 2]], "sampling_params": {"temperature": "hot"}},
+            url=SAMPLER,
+        ),
+        op(
+            "sample",
+            "num_samples huge",
+            ("num_samples",),
+            {"inputs": [[1, 2]], "sampling_params": {"num_samples": 10**7}},
+            url=SAMPLER,
+        ),
+        op(
+            "sample",
+            "max_tokens huge",
+            ("max_tokens",),
+            {"inputs": [[1, 2]], "sampling_params": {"max_tokens": 10**9}},
+            url=SAMPLER,
+        ),
+        op(
+            "sample",
+            "bob's adapter",
+            ("not found", "checkpoint"),
+            {"inputs": [[1, 2]], "adapter_uri": "{bob_ckpt}"},
+            url=SAMPLER,
+        ),
+        op("rows", "unknown dataset", ("dataset",), {"dataset": "../x"}, url=PROCESSOR),
+        op("create_dataset", "meta list", ("dataset_meta",), {"dataset_meta": [1]}, url=PROCESSOR),
+    ]
+    for name in NAMES:
+        cases.append(
+            op(
+                "add_adapter_to_model",
+                f"name {name[:12]!r}",
+                ("adapter_name", "adapter"),
+                {"adapter_name": name, "config": {"r": 4}},
+            )
+        )
+        cases.append(
+            op(
+                "save",
+                f"name {name[:12]!r}",
+                NAME_FIELDS,
+                {"adapter_name": "default", "name": name},
+            )
+        )
+        cases.append(
+            op(
+                "load",
+                f"path {name[:12]!r}",
+                NAME_FIELDS,
+                {"adapter_name": "default", "path": f"twinkle://{{alice_run}}/weights/{name}"},
+            )
+        )
+        cases.append(
+            op(
+                "create_dataset",
+                f"dataset_id {name[:12]!r}",
+                ("dataset_id", "dataset", "path", "not found"),
+                {"dataset_meta": {"dataset_id": name or "/"}},
+                url=PROCESSOR,
+            )
+        )
+    return cases
+
+
+def catalogue() -> list[Case]:
+    return (
+        _malformed_bodies()
+        + _sampling_cases()
+        + _protobuf_cases()
+        + _tinker_json_cases()
+        + _common_cases()
+        + _native_cases()
+    )
+
+
+def known_open() -> list[Case]:
+    """Found by this catalogue and not fixed yet (a 500 from the library on the model's or the
+    sampler's thread; the files are being edited by other work): the strict xfail below fails
+    as soon as they are fixed, so that they move into the catalogue."""
+    return [
+        Case(
+            "native forward_backward labels shorter than input_ids",
+            "POST",
+            f"{MODEL}/forward_backward",
+            ("labels",),
+            json={"adapter_name": "default", "inputs": [{"input_ids": [1, 2, 3], "labels": [1]}]},
+        ),
+        Case(
+            "native sample token out of vocab",
+            "POST",
+            f"{SAMPLER}/sample",
+            ("token", "vocab", "input"),
+            json={"inputs": [[10**9]]},
+        ),
+    ]
+
+
+def _report(outcomes) -> str:
+    bad = [o for o in outcomes if o.problems]
+    lines = [f"{len(bad)} of {len(outcomes)} bad-input cases failed:"]
+    lines += [f"- {o.case.name}: {o.problems} ({o.status} {o.body[:160]!r})" for o in bad]
+    return "\n".join(lines)
+
+
+def test_every_bad_input_case_is_a_clean_4xx_that_changes_nothing():
+    w = world()
+
+    async def run_all():
+        return [await check(w, case, w.ids) for case in catalogue()]
+
+    outcomes = asyncio.run(run_all())
+    assert not [o for o in outcomes if o.problems], _report(outcomes)
+    assert len(outcomes) >= 300  # the count in the report; a shrinking catalogue is a regression
+
+
+def test_a_symlink_planted_in_storage_does_not_reach_another_tenant():
+    w = world()
+    run_dir = next(p for p in w.storage.rglob(w.ids["alice_run"]) if p.is_dir())
+    bob_ckpt = next(p for p in w.storage.rglob("ck-1") if w.ids["bob_run"] in str(p))
+    link = run_dir / "weights" / "planted"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(bob_ckpt, link)
+    try:
+        cases = [
+            Case(
+                "load planted",
+                "POST",
+                f"{MODEL}/load",
+                NAME_FIELDS,
+                json={"adapter_name": "default", "path": "twinkle://{alice_run}/weights/planted"},
+            ),
+            Case(
+                "tinker load planted",
+                "POST",
+                f"{V1}/load_weights",
+                NAME_FIELDS,
+                json={
+                    "model_id": "{alice_model}",
+                    "seq_id": 900,
+                    "path": "tinker://{alice_run}/weights/planted",
+                },
+            ),
+            Case(
+                "sample planted",
+                "POST",
+                f"{SAMPLER}/sample",
+                NAME_FIELDS,
+                json={"inputs": [[1, 2]], "adapter_uri": "twinkle://{alice_run}/weights/planted"},
+            ),
+        ]
+        outcomes = asyncio.run(_run(w, cases))
+        assert not [o for o in outcomes if o.problems], _report(outcomes)
+    finally:
+        link.unlink()
+
+
+@pytest.mark.xfail(strict=True, reason="known open defects: see known_open()")
+def test_known_open_defects_are_still_open():
+    outcomes = asyncio.run(_run(world(), known_open()))
+    assert not [o for o in outcomes if o.problems], _report(outcomes)
+
+
+async def _run(w, cases):
+    return [await check(w, case, w.ids) for case in cases]
+
+
+def test_the_catalogue_is_json_serialisable_where_it_is_json():
+    for case in catalogue():
+        if case.json is not None:
+            json.dumps(case.json, allow_nan=False)
+
+
+@pytest.fixture(autouse=True)
+def _quiet_logs(caplog):
+    caplog.set_level("CRITICAL", logger="twinkle")
