@@ -113,7 +113,7 @@ def child(request: dict[str, Any]) -> dict[str, Any]:
     point = mtt.Point(
         request["model"], tuple(request["ranks"]), request["batch"], request.get("seq", mtt.SEQ)
     )
-    step = mtt.mode_step(point, request["mode"])
+    _, step = mtt.mode_step(point, request["mode"])
     for _ in range(request.get("steps", 2)):
         step()
     cuda = torch.cuda.is_available()

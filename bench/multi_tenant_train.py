@@ -254,23 +254,23 @@ def concatenate(batches: dict[str, dict]) -> dict:
     return {k: torch.cat([b[k] for b in batches.values()]) for k in first}
 
 
-def mode_step(point: Point, mode: str) -> Callable[[], None]:
-    """A fresh setup holding only what ``mode`` needs (what its own process would hold), and
-    one step of it: the measurement of bench/_mode_rss.py."""
+def mode_step(point: Point, mode: str) -> tuple[Any, Callable[[], None]]:
+    """A fresh setup holding only what ``mode`` needs (what its own process would hold): the
+    Twinkle model or the PEFT peer, and one step of the mode (bench/_mode_rss.py's run)."""
     batches = point_batches(point)
     names = tenant_names(point.tenants)
     if mode == "peft":
         peer = build_peer(resolve_model_dir(point.model), names, point.ranks)
-        return lambda: step_peft(peer, batches)
+        return peer, lambda: step_peft(peer, batches)
     model = MultiLoraTransformersModel(point.model)
     if mode == "limit":
         add_tenant(model, LIMIT, limit_rank(point))
         concatenated = concatenate(batches)
-        return lambda: step_limit(model, concatenated)
+        return model, lambda: step_limit(model, concatenated)
     for name, rank in zip(names, point.ranks):
         add_tenant(model, name, rank)
     step = {"fused": step_fused, "sliced": step_sliced}[mode]
-    return lambda: step(model, batches)
+    return model, lambda: step(model, batches)
 
 
 def run_point(

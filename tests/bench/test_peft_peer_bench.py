@@ -113,3 +113,15 @@ def test_a_failing_memory_run_names_the_mode_and_the_cause(bench):
     with pytest.raises(RuntimeError, match="memory run of mode 'nope' failed") as info:
         _mode_rss.measure(point, ("nope",), steps=1, threads=1)
     assert "mode must be one of fused, sliced, limit, peft" in str(info.value)
+
+
+def test_every_mode_builds_only_what_it_needs_and_steps(bench):
+    # What each memory process builds (bench.mode_step), run here in-process: one step each.
+    point = bench.Point("tiny://qwen3.5", (8, 16), batch=1, seq=16)
+    for mode in bench.MODES:
+        holder, step = bench.mode_step(point, mode)
+        step()
+        held = sorted(holder.optimizers if mode == "peft" else holder.tenants)
+        assert held == (["limit"] if mode == "limit" else ["t0", "t1"]), mode
+        if mode == "peft":
+            assert type(holder).__name__ == "PeftPeer"
