@@ -59,9 +59,12 @@ def keys(n: int) -> list[str]:
 
 
 def server_config(storage: str, tenants: int, limits: dict) -> dict:
-    """Gateway, model and sampler of the tiny model; ``limits`` (``rps_limit``, ``tps_limit``;
-    per tenant) on both queues."""
-    queue = {k: v for k, v in limits.items() if v}
+    """Gateway, model and sampler of the tiny model; ``limits``: ``rps_limit`` and ``tps_limit``
+    per tenant on both queues, ``rps_limit_per_key`` on every route (None: unlimited)."""
+    queue = {k: limits[k] for k in ("rps_limit", "tps_limit") if limits.get(k)}
+    gateway = {"server_config": {"per_token_model_limit": 4, "supported_models": [BASE]}}
+    if limits.get("rps_limit_per_key"):
+        gateway["rps_limit_per_key"] = limits["rps_limit_per_key"]
     slots = tenants + 4  # every tenant's adapter, plus room for the soak's overlapping cycles
     return {
         "auth": {"api_keys": keys(tenants)},
@@ -71,7 +74,7 @@ def server_config(storage: str, tenants: int, limits: dict) -> dict:
                 "name": "server",
                 "route_prefix": "/api/v1",
                 "import_path": "server",
-                "args": {"server_config": {"per_token_model_limit": 4, "supported_models": [BASE]}},
+                "args": gateway,
             },
             {
                 "name": "model",
@@ -108,6 +111,16 @@ def build_server(storage: str, tenants: int, limits: dict):
     return build_local_server(config, store=MemoryStore("load:"))
 
 
+def _route(path: str) -> str:
+    """``model/<op>`` and ``sampler/<op>`` for the native routes, ``<op>`` for the gateway's
+    (the Tinker API among them)."""
+    op = path.rstrip("/").rsplit("/", 1)[-1]
+    for app in ("model", "sampler"):
+        if path.startswith(f"/api/v1/{app}/"):
+            return f"{app}/{op}"
+    return op
+
+
 class StatusCounter:
     """ASGI wrapper: every status the server answered, by route, and the ``paused_rate_limit``
     future polls (what the Tinker SDK saw while the gateway retried a rate-limited call)."""
@@ -121,7 +134,7 @@ class StatusCounter:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        route = scope["path"].rstrip("/").rsplit("/", 1)[-1]
+        route = _route(scope["path"])
 
         async def counting(message) -> None:
             if message["type"] == "http.response.start":
@@ -404,6 +417,7 @@ def run_load(tenants: int, steps: int, limits: dict, sync: int = 10) -> list[dic
                 kind: round(max(r) / max(min(r), 1e-9), 3) for kind, r in by_kind.items() if r
             },
             "http_429": counter.count(429),
+            "http_429_by_route": {r: n for (r, s), n in counter.statuses.items() if s == 429},
             "paused_rate_limit_polls": counter.paused_rate_limit,
             "model_rate_limit_rejections": model.rate_limiter.rejections,
             "sampler_rate_limit_rejections": sampler.rate_limiter.rejections,
@@ -446,6 +460,7 @@ def child_server(storage: str, tenants: int, limits: dict, timeout_s: float = 18
     command = [sys.executable, __file__, "--serve", storage, str(port), "--tenants", str(tenants)]
     command += ["--rps-limit", str(limits.get("rps_limit") or 0)]
     command += ["--tps-limit", str(limits.get("tps_limit") or 0)]
+    command += ["--key-rps-limit", str(limits.get("rps_limit_per_key") or 0)]
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
@@ -571,7 +586,11 @@ def run_soak(args):
 
 
 def limits(args) -> dict:
-    return {"rps_limit": args.rps_limit or None, "tps_limit": args.tps_limit or None}
+    return {
+        "rps_limit": args.rps_limit or None,
+        "tps_limit": args.tps_limit or None,
+        "rps_limit_per_key": args.key_rps_limit or None,
+    }
 
 
 def main() -> None:
@@ -580,6 +599,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--rps-limit", type=float, default=1.0, help="per tenant; 0: none")
     parser.add_argument("--tps-limit", type=float, default=100.0, help="per tenant; 0: none")
+    parser.add_argument("--key-rps-limit", type=float, default=0.0, help="every route, per key")
     parser.add_argument("--sync-every", type=int, default=10, help="RL: steps per weight sync")
     parser.add_argument("--soak-minutes", type=float, default=0.0)
     parser.add_argument("--warmup-minutes", type=float, default=3.0)

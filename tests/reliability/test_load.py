@@ -1,7 +1,7 @@
 """Mixed multi-tenant load at reduced size (bench/load_mixed.py): twinkle_client SFT, Tinker SDK
-SFT and Tinker SDK RL tenants at once over real HTTP under a low per-tenant rate limit. Every
-tenant finishes exactly its steps; the only refusals are 429s (twinkle_client retries them) and
-``paused_rate_limit`` futures (the gateway retries them for the SDK).
+SFT and Tinker SDK RL tenants at once over real HTTP under low per-tenant rate limits. Every
+tenant finishes exactly its steps; the only refusals are 429s (both clients retry them) and
+``paused_rate_limit`` futures (the gateway retries a queue's refusal for the SDK).
 
 The full size (16 tenants x 200 steps) and the soak are ``python bench/load_mixed.py`` and
 ``tools/run_soak.sh``.
@@ -38,6 +38,7 @@ def test_a_429_says_its_exact_wait_and_a_header_that_is_never_early():
     response = error_response(RateLimited("over tps_limit", retry_after=1.4))
     assert response.status_code == 429
     assert response.headers["retry-after"] == "2"  # 1 would send the retry 0.4 s too early
+    assert response.headers["retry-after-ms"] == "1400"  # what the Tinker SDK waits
     assert b'"retry_after":1.4' in response.body
 
 
@@ -91,3 +92,17 @@ def test_mixed_tenants_finish_exactly_their_steps_under_rate_limits(bench):
     assert ops[("tinker_rl", "sample")]["n"] == STEPS
     assert ops[("tinker_rl", "save_weights_and_get_sampling_client")]["n"] == STEPS // 5
     assert summary["fairness_by_kind"]["twinkle_sft"] < 1.5
+
+
+@pytest.mark.integration
+def test_a_per_key_limit_on_every_route_is_retried_by_both_clients(bench):
+    """``rps_limit_per_key`` answers 429 on any route, the Tinker SDK's own calls included
+    (futures, polls, heartbeats): both clients wait and retry, and nothing else fails."""
+    records = bench.run_load(2, 5, {"rps_limit_per_key": 2.0})
+    summary = records[-1]
+    assert summary["client_errors"] == [] and summary["unexpected_statuses"] == {}
+    assert [r["steps"] for r in records if r["record"] == "tenant"] == [5, 5]
+    refused = summary["http_429_by_route"]
+    assert sum(n for route, n in refused.items() if route.startswith("model/")) > 0  # twinkle
+    tinker_routes = ("forward_backward", "optim_step", "retrieve_future", "retrieve_futures")
+    assert sum(refused.get(route, 0) for route in tinker_routes) > 0  # the SDK's calls

@@ -53,8 +53,12 @@ def error_response(exc: ServiceError) -> JSONResponse:
     """The JSON response for ``exc``, with the current request's id when it has none of its own."""
     body = exc.to_dict()
     body.setdefault("request_id", request_ids.current_request_id())
-    # Rounded up: a client that retries when the header says must not be refused again.
-    headers = {"Retry-After": f"{max(1, math.ceil(exc.retry_after))}"} if exc.retry_after else {}
+    headers = {}
+    if exc.retry_after:
+        # Rounded up: a client that retries when the header says must not be refused again.
+        # Retry-After-Ms is the exact wait (the Tinker SDK reads it before Retry-After).
+        headers["Retry-After"] = f"{max(1, math.ceil(exc.retry_after))}"
+        headers["Retry-After-Ms"] = f"{math.ceil(exc.retry_after * 1000)}"
     if isinstance(exc, Unauthorized):
         headers["WWW-Authenticate"] = exc.challenge
     return JSONResponse(body, status_code=exc.status, headers=headers or None)
