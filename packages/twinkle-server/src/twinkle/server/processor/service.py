@@ -177,6 +177,7 @@ class ProcessorService:
         return self._summary(None, dataset)
 
     def filter(self, owner: str, payload: dict[str, Any]) -> dict[str, Any]:
+        self._dataset(owner, payload)  # another key's handle is unknown (404), as everywhere
         raise BadRequest(
             "filter takes a Python function, and the processor runs no client code: filter rows "
             "before sending them, or use truncation_strategy='delete' for over-long samples"

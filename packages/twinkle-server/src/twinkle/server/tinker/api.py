@@ -85,7 +85,7 @@ class TinkerApi:
             if inspect.isawaitable(run):
                 run = await run
         except Exception as exc:
-            await self.refuse(call.model_id, call.seq_id, exc)
+            await self.refuse(call.model_id, call.seq_id, exc, call.owner)
         return self.submit_call(call, run)
 
     def submit_call(self, call: SequencedCall, run: Any) -> dict[str, Any]:
@@ -98,11 +98,22 @@ class TinkerApi:
     def submitted(self, rid: str, model_id: str | None = None, **extra: Any) -> dict[str, Any]:
         return {"request_id": rid, **({"model_id": model_id} if model_id else {}), **extra}
 
-    async def refuse(self, model_id: str | None, seq_id: Any, exc: Exception) -> None:
-        """A call refused before it ran still uses up its seq_id (later ones must not wait for it)."""
-        if model_id and isinstance(seq_id, int):
+    async def refuse(self, model_id: str | None, seq_id: Any, exc: Exception, owner: str) -> None:
+        """A call refused before it ran still uses up its seq_id (later ones must not wait for it).
+
+        Only in the caller's own model's lane: another key naming a model id it does not own
+        must neither move that model's calls out of order nor add a lane (it gets a 404).
+        """
+        if model_id and isinstance(seq_id, int) and self._owns(owner, model_id):
             await self.futures.lane(model_id).skip(seq_id)
         raise exc
+
+    def _owns(self, owner: str, model_id: Any) -> bool:
+        try:
+            self.run_of(owner, model_id)
+        except Exception:  # noqa: BLE001 - unknown, malformed or another key's: not ours
+            return False
+        return True
 
     async def read_body(self, request: Request) -> bytes:
         body = bytearray()

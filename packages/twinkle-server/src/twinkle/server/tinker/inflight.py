@@ -40,10 +40,18 @@ def sampler_key(owner: str, uri: str) -> str:
 
 
 def decode_adapter_state(payload: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(PEFT config, tensors) of a ``publish_adapter`` payload."""
+    """(PEFT config, tensors) of a ``publish_adapter`` payload; a malformed one is a 400."""
     from safetensors.torch import load as load_tensors
 
-    return dict(payload["config"]), load_tensors(base64.b64decode(payload["weights_b64"]))
+    config, weights = payload.get("config"), payload.get("weights_b64")
+    if not isinstance(config, dict):
+        raise BadRequest("publish_adapter: config must be an object (the adapter's PEFT config)")
+    if not isinstance(weights, str):
+        raise BadRequest("publish_adapter: weights_b64 must be a base64 safetensors file")
+    try:
+        return dict(config), load_tensors(base64.b64decode(weights, validate=True))
+    except Exception:  # noqa: BLE001 - binascii or safetensors errors: the client's bytes
+        raise BadRequest("publish_adapter: weights_b64 is not a base64 safetensors file") from None
 
 
 def inflight_save(api: Any, owner: str, body: dict, model_id: str, run: Any):
