@@ -8,6 +8,9 @@ for a mistake the caller made and something checked explicitly (a :class:`Servic
 
 from __future__ import annotations
 
+import errno
+import os
+
 from pydantic import ValidationError
 
 from twinkle._logging import get_logger
@@ -17,6 +20,7 @@ from twinkle.server.request_ids import current_request_id, new_request_id
 logger = get_logger(__name__)
 
 OUT_OF_MEMORY_RETRY_S = 5.0
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 class ServiceError(Exception):
@@ -117,6 +121,12 @@ class AtCapacity(ServiceError):
     status, category = 503, "server"
 
 
+class InsufficientStorage(ServiceError):
+    """The server's disk is full (or over quota): HTTP 507; the failed write was not kept."""
+
+    status, category = 507, "server"
+
+
 class OutOfMemory(AtCapacity):
     """The device or host ran out of memory: retryable like :class:`AtCapacity` (HTTP 503)."""
 
@@ -138,6 +148,13 @@ def from_exception(exc: BaseException, *, request_id: str | None = None) -> Serv
         error: ServiceError = OutOfMemory(
             f"the server ran out of memory; retry later (request id {rid})",
             retry_after=OUT_OF_MEMORY_RETRY_S,
+            request_id=rid,
+        )
+    elif isinstance(exc, OSError) and exc.errno in _DISK_FULL:
+        error = InsufficientStorage(
+            f"the server's storage is full ({os.strerror(exc.errno)}): the write failed and "
+            f"nothing of it was kept (earlier checkpoints are intact); retry once space is "
+            f"freed (request id {rid})",
             request_id=rid,
         )
     else:

@@ -29,6 +29,7 @@ class RunRegistry(Protocol):
         user_metadata: dict | None = None,
     ) -> str: ...
     def count_active_runs(self, owner: str) -> int: ...
+    def active_runs(self, owner: str, base_model: str) -> list: ...
     def set_run_status(self, owner: str, run_id: str, status: str) -> None: ...
     def checkpoint_dir(self, owner: str, run_id: str, kind: str, name: str) -> Path: ...
     def add_checkpoint(self, owner: str, run_id: str, kind: str, name: str) -> str: ...
@@ -83,12 +84,18 @@ class StateRunRegistry:
             lora_config=lora_config,
             user_metadata=user_metadata or {},
             training_run_id=run_id,
+            adapter_name=adapter_name,
         )
         return run_id
 
     def count_active_runs(self, owner):
         runs, _ = self.state.list_runs(owner, limit=10**6)
         return sum(1 for r in runs if r.status == "active")
+
+    def active_runs(self, owner, base_model):
+        """``owner``'s runs on ``base_model`` whose status is ``active``."""
+        runs, _ = self.state.list_runs(owner, limit=10**6)
+        return [r for r in runs if r.status == "active" and r.base_model == base_model]
 
     def set_run_status(self, owner, run_id, status):
         self.state.update_run(owner, run_id, status="unloaded" if status == "removed" else status)

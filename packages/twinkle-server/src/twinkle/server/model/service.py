@@ -13,7 +13,7 @@ from typing import Any
 
 from twinkle.model.protocol import capabilities_of
 from twinkle.server.encoding import jsonable
-from twinkle.server.errors import AtCapacity, BadRequest, NotFound, from_exception
+from twinkle.server.errors import AtCapacity, BadRequest, Gone, NotFound, from_exception
 from twinkle.server.hub import HubPublisher
 from twinkle.server.model.operations import (
     check_lengths,
@@ -26,7 +26,6 @@ from twinkle.server.model.protocol import Call, Empty, Operation, OperationTable
 from twinkle.server.model.ratelimit import RateLimiter
 from twinkle.server.model.registry import RunRegistry
 from twinkle.server.model.scheduler import FUSABLE, FairScheduler, Task
-from twinkle.server.state.paths import validate_id
 
 
 @dataclass(frozen=True)
@@ -119,6 +118,8 @@ class ModelService:
         self.clock = clock
         self.adapters: dict[str, AdapterEntry] = {}
         self.unloaded: dict[str, str] = {}  # internal name -> why
+        # Runs created before this service started live in no process any more (lost).
+        self.started_at = clock()
         self.scheduler = FairScheduler(
             self._run_single,
             self._run_fused,
@@ -156,8 +157,6 @@ class ModelService:
         name = body.pop("adapter_name", None) or "default"
         if not isinstance(name, str):
             raise BadRequest(f"adapter_name must be a string, got {type(name).__name__}")
-        # The run id is made from the name: refuse a bad one before any record is written.
-        validate_id(name, "adapter_name")
         operation, request = self.operations.parse(op, body)
         key = presented_key if operation.uses_caller_key else None
         call = Call(owner, name, self._internal(owner, name), presented_key=key)
@@ -180,13 +179,45 @@ class ModelService:
     def _internal(self, owner: str, name: str) -> str:
         return "a" + hashlib.sha1(f"{owner}/{name}".encode()).hexdigest()[:16]
 
-    def _missing(self, call: Call) -> NotFound:
+    def _missing(self, call: Call) -> NotFound | Gone:
         why = self.unloaded.get(call.internal)
         if why:
             return NotFound(
                 f"adapter {call.name!r} was unloaded ({why}); add it again or resume from a checkpoint"
             )
+        lost = [r for r in self._lost_runs(call.owner) if r.adapter_name == call.name]
+        if lost:
+            return self._lost_error(call.name, lost[-1])
         return NotFound(f"unknown adapter {call.name!r}: call add_adapter_to_model first")
+
+    def _lost_runs(self, owner: str) -> list[Any]:
+        """``owner``'s runs on this model still marked active that no adapter here holds and
+        that an earlier process created: the server restarted under them. Marked ``lost``."""
+        held = {e.run_id for e in self.adapters.values()}
+        lost = [
+            r
+            for r in self.registry.active_runs(owner, self.base_model)
+            if r.training_run_id not in held and r.created_at < self.started_at
+        ]
+        for run in lost:
+            self.registry.set_run_status(owner, run.training_run_id, "lost")
+        return lost
+
+    @staticmethod
+    def _lost_error(name: str, run: Any) -> Gone:
+        """Lost, never silently fresh: the owner is told what is gone and where to resume."""
+        last = (run.last_checkpoint or {}).get("tinker_path")
+        if last and run.training_run_id != name:  # a native run: its twinkle:// path
+            last = "twinkle://" + last.split("://", 1)[1]
+        where = (
+            f"resume from its newest checkpoint {last} (a new adapter, then resume_from_checkpoint)"
+            if last
+            else "it had no checkpoint: add a new adapter to start again from fresh weights"
+        )
+        return Gone(
+            f"adapter {name!r} (training run {run.training_run_id}) was lost: the model server "
+            f"restarted and the weights it trained since its last checkpoint are gone; {where}"
+        )
 
     def admit(
         self, operation: Operation, call: Call, request: Request, queued: bool = False
@@ -212,6 +243,8 @@ class ModelService:
             )
         if call.internal in self.adapters:
             raise BadRequest(f"adapter {call.name!r} already exists for this API key")
+        if queued:
+            self._lost_runs(call.owner)  # lost runs hold no adapter: they do not count
         if (
             queued
             and self.per_token_model_limit is not None

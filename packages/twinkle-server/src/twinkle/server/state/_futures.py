@@ -1,7 +1,15 @@
-"""Futures of :class:`ServerState`: the results ``retrieve_future`` hands back."""
+"""Futures of :class:`ServerState`: the results ``retrieve_future`` hands back.
+
+A future runs as a task of one gateway process (an *instance*). Each instance keeps a lease
+(``instance/<id>``: host, pid, process start time, last renewal); a pending future whose instance
+is gone (its process died on this host, or its lease expired) will never finish, and is failed
+with an error that says so instead of being polled forever.
+"""
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Any
 
 from twinkle.server.state._base import StateBase, new_id
@@ -10,21 +18,43 @@ from twinkle.server.state.paths import validate_id
 from twinkle.server.state.records import FutureError, FutureRecord
 
 FUTURE = "future/"
+INSTANCE = "instance/"
+LEASE_TTL_S = 30.0
+ORPHANED = (
+    "the server process running this request stopped (restarted or killed) before it finished; "
+    "it did not complete here: resubmit it"
+)
+
+
+def _process_start(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (tells a live process from a reused pid), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
 
 
 class FuturesMixin(StateBase):
     """Pending, finished and failed requests, each visible to its owner only."""
 
     def create_future(
-        self, owner: str, kind: str, model_id: str | None = None, request_id: str | None = None
+        self,
+        owner: str,
+        kind: str,
+        model_id: str | None = None,
+        request_id: str | None = None,
+        instance: str | None = None,
     ) -> FutureRecord:
-        """Register a pending request (``kind`` is the route, e.g. ``forward_backward``)."""
+        """Register a pending request (``kind`` is the route, e.g. ``forward_backward``) run by
+        the gateway process ``instance`` (see :meth:`renew_instance`)."""
         record = FutureRecord(
             request_id=validate_id(request_id or new_id("req"), "request id"),
             owner=self._owner(owner),
             model_id=model_id,
             kind=kind,
             created_at=self.clock(),
+            instance=instance,
         )
         self._create(FUTURE + record.request_id, record, "future")
         return record
@@ -79,6 +109,37 @@ class FuturesMixin(StateBase):
             "future",
             lambda r: FutureRecord.model_validate({**r.model_dump(), "queue_state": queue_state}),
         )
+
+    # -- instances ------------------------------------------------------------------------------
+    def renew_instance(self, instance: str) -> None:
+        """Write (or renew) the lease of this process as gateway ``instance``."""
+        pid = os.getpid()
+        self.store.put(
+            INSTANCE + validate_id(instance, "instance id"),
+            {
+                "host": socket.gethostname(),
+                "pid": pid,
+                "start": _process_start(pid),
+                "renewed_at": self.clock(),
+            },
+        )
+
+    def instance_alive(self, instance: str | None, ttl_s: float = LEASE_TTL_S) -> bool:
+        """Whether gateway ``instance`` may still finish its futures: on this host, its process
+        is running; elsewhere, its lease was renewed within ``ttl_s``."""
+        lease = self.store.get(INSTANCE + instance) if instance else None
+        if lease is None:
+            return False
+        if lease.get("host") == socket.gethostname() and lease.get("start") is not None:
+            return _process_start(int(lease["pid"])) == lease["start"]
+        return self.clock() - float(lease.get("renewed_at", 0.0)) <= ttl_s
+
+    def fail_orphaned_future(self, owner: str, request_id: str) -> FutureRecord:
+        """Fail a pending future whose instance is gone (a finished one is returned as is)."""
+        try:
+            return self.fail_future(owner, request_id, ORPHANED, category="server")
+        except ConflictError:  # it finished after all (a late write of its instance)
+            return self.get_future(owner, request_id)
 
     def count_active_futures(self, owner: str | None = None, model_id: str | None = None) -> int:
         """Pending futures, of one owner and/or model when given (rate limits, metrics)."""

@@ -89,6 +89,7 @@ class SessionsMixin(StateBase):
         lora_config: dict[str, Any] | None = None,
         user_metadata: dict[str, Any] | None = None,
         training_run_id: str | None = None,
+        adapter_name: str | None = None,
     ) -> TrainingRunRecord:
         """Register a training run in ``owner``'s live session.
 
@@ -110,6 +111,7 @@ class SessionsMixin(StateBase):
             created_at=now,
             last_request_time=now,
             user_metadata=dict(user_metadata or {}),
+            adapter_name=adapter_name,
         )
         self._create(RUN + record.training_run_id, record, "training run")
         return record

@@ -64,6 +64,8 @@ class TrainingRunRecord(_Record):
     last_checkpoint: dict[str, Any] | None = None
     last_sampler_checkpoint: dict[str, Any] | None = None
     user_metadata: dict[str, Any] = Field(default_factory=dict)
+    # The tenant's adapter name on the model deployment (to tell a lost adapter from none).
+    adapter_name: str | None = None
 
 
 EPHEMERAL_PREFIX = "ephemeral-"
@@ -144,6 +146,8 @@ class FutureRecord(_Record):
     queue_state: QueueState = "active"
     created_at: float
     finished_at: float | None = None
+    # The gateway process running it (its lease says whether that process still lives).
+    instance: str | None = None
 
 
 class SamplingSessionRecord(_Record):

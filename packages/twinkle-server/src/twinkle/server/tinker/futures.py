@@ -9,6 +9,10 @@
   meanwhile the future reports ``paused_rate_limit`` / ``paused_capacity``. Nothing is dropped.
 - Resubmissions (same ``X-Idempotency-Key``, or same model, ``seq_id`` and body) get the first
   submission's request id.
+- A future outlives the process running it only as a record: each future names its gateway
+  process (``instance``), which keeps a lease in the state while it runs tasks; a pending future
+  whose process is gone (killed, restarted) is failed when polled, so a client never waits on a
+  result that cannot come.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from twinkle.server.errors import AtCapacity, RateLimited, ServiceError, from_exception
+from twinkle.server.state._base import new_id
+from twinkle.server.state._futures import LEASE_TTL_S
 
 logger = logging.getLogger("twinkle.server.gateway.tinker")
 
@@ -102,6 +108,9 @@ class TinkerFutures:
         self._done: dict[str, asyncio.Event] = {}
         self._tasks: set[asyncio.Task] = set()
         self._seen: OrderedDict[tuple, str] = OrderedDict()
+        self.instance = new_id("gw")
+        self.started_at = time.time()
+        self._lease: asyncio.Task | None = None
 
     def lane(self, model_id: str) -> ModelLane:
         if model_id not in self._lanes:
@@ -128,7 +137,8 @@ class TinkerFutures:
         dedupe: list[tuple] | None = None,
     ) -> str:
         """Register a future and start ``runner`` (in ``seq_id`` order for ``model_id``)."""
-        record = self.state.create_future(owner, kind, model_id=model_id)
+        self._keep_lease()
+        record = self.state.create_future(owner, kind, model_id=model_id, instance=self.instance)
         rid = record.request_id
         for key in dedupe or []:
             self._seen[(owner, *key)] = rid
@@ -184,12 +194,38 @@ class TinkerFutures:
                 self.state.complete_future(owner, rid, result=result)
             return
 
+    def _keep_lease(self) -> None:
+        """Renew this process's lease now, and every third of its TTL while tasks run."""
+        if self._lease is not None and not self._lease.done():
+            return
+        self.state.renew_instance(self.instance)
+
+        async def renew() -> None:
+            while self._tasks:
+                await asyncio.sleep(LEASE_TTL_S / 3)
+                self.state.renew_instance(self.instance)
+
+        self._lease = asyncio.get_running_loop().create_task(renew())
+
+    def settle(self, owner: str, record: Any) -> Any:
+        """``record``, failed first if it is pending in a gateway process that is gone."""
+        if record.status != "pending" or record.request_id in self._done:
+            return record
+        if record.instance == self.instance:  # ours, but its task is gone: never finishes
+            return self.state.fail_orphaned_future(owner, record.request_id)
+        if record.instance is None:  # written before instances had leases
+            if record.created_at >= self.started_at:
+                return record
+        elif self.state.instance_alive(record.instance):
+            return record
+        return self.state.fail_orphaned_future(owner, record.request_id)
+
     def _fail(self, owner: str, rid: str, error: ServiceError) -> None:
         self.state.fail_future(owner, rid, error.message, error.category)
 
     async def wait(self, owner: str, rid: str, timeout: float) -> Any:
         """The future's record once it is done, or still pending after ``timeout`` seconds."""
-        record = self.state.get_future(owner, rid)
+        record = self.settle(owner, self.state.get_future(owner, rid))
         deadline = time.monotonic() + timeout
         while record.status == "pending":
             left = deadline - time.monotonic()
@@ -203,10 +239,12 @@ class TinkerFutures:
                     pass
             else:  # submitted to another replica: poll the shared state
                 await asyncio.sleep(min(0.2, left))
-            record = self.state.get_future(owner, rid)
+            record = self.settle(owner, self.state.get_future(owner, rid))
         return record
 
     async def close(self) -> None:
+        if self._lease is not None:
+            self._lease.cancel()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

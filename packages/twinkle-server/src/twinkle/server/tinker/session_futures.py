@@ -69,7 +69,9 @@ async def _wait_for_completions(
     deadline = time.monotonic() + wait_s
     while True:
         futures = [
-            f for f in api.state._all("future/", FutureRecord, owner) if f.model_id == model_id
+            api.futures.settle(owner, f)
+            for f in api.state._all("future/", FutureRecord, owner)
+            if f.model_id == model_id
         ]
         done = [f for f in futures if f.status != "pending" and _cursor(f) > prev]
         left = deadline - time.monotonic()

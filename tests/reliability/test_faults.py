@@ -1,0 +1,267 @@
+"""Faults, the fast part: the whole server SIGKILLed mid-training and relaunched (file and Redis
+persistence), with tenants of both clients training through it; plus the recovery rules that the
+kill exercises, checked in-process (orphaned futures, lost adapters, a full disk mid-checkpoint).
+
+The Ray kills (gateway replica, model replica, a data-parallel worker), Redis itself killed and
+eight tenants are in ``test_faults_slow.py`` and ``tools/run_fault_suite.sh``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from twinkle.server.errors import Gone
+from twinkle.server.model.registry import StateRunRegistry
+from twinkle.server.model.service import ModelService
+from twinkle.server.state import MemoryStore, ServerState
+from twinkle.server.tinker.futures import TinkerFutures
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
+
+from _fault_harness import (  # noqa: E402
+    NativeTenant,
+    ServerProcess,
+    TinkerTenant,
+    file_persistence,
+    finish,
+    kill_mid_training,
+    management,
+    redis_persistence,
+    start_tenants,
+)
+from inprocess import client as inprocess_client  # noqa: E402
+from inprocess import local_server  # noqa: E402
+from redis_fixture import redis_url  # noqa: E402,F401 - a fixture
+
+TARGET, EVERY = 6, 2
+
+
+def check_recovered(server: ServerProcess, tenants, before: dict) -> None:
+    """The survival rules of every fault: records kept, old checkpoints load with the same
+    weights, lost adapters reported as lost, every tenant at exactly its target step."""
+    for tenant in tenants:
+        report = tenant.report
+        after = management(server, report.key)
+        # No session, run or checkpoint record lost.
+        assert set(before[report.key]["sessions"]) <= set(after["sessions"]), report.name
+        for run_id, paths in before[report.key]["ckpt"].items():
+            assert set(paths) <= set(after["ckpt"][run_id]), (report.name, run_id)
+        assert set(before[report.key]["runs"]) <= set(after["runs"])
+        # The adapter that lived in the killed process is reported lost, never reset.
+        assert report.lost_errors, f"{report.name} never saw the fault"
+        assert all("lost" in e and "restart" in e for e in report.lost_errors), report.lost_errors
+        first_run = report.run_ids[0]
+        assert after["runs"][first_run]["status"] == "lost", after["runs"][first_run]
+        # Resumed from the checkpoint it had: same weights (same probe loss) as right after save.
+        for path, cur_step in report.resumed_from:
+            assert server.checkpoint_state(report.key, path)["cur_step"] == cur_step
+            assert report.probe_resumed[path] == pytest.approx(report.probe_at[path], rel=1e-5)
+        # Exactly the steps asked for, counted by the server's own checkpoint.
+        assert server.checkpoint_state(report.key, report.final_path)["cur_step"] == TARGET
+        assert report.steps == TARGET
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("mode", ["file", "redis"])
+def test_sigkill_of_the_whole_server_mid_training(tmp_path, mode, request):
+    persistence = file_persistence(tmp_path)
+    if mode == "redis":
+        url = request.getfixturevalue("redis_url")
+        persistence = redis_persistence(url, f"faults-{os.getpid()}-{time.time_ns()}:")
+    server = ServerProcess(tmp_path, persistence)
+    server.start()
+    try:
+        tenants = [NativeTenant(server, 0, TARGET, EVERY), TinkerTenant(server, 1, TARGET, EVERY)]
+        threads = start_tenants(tenants)
+        store = server.store()
+        down_s, before = kill_mid_training(server, tenants, store)
+        finish(tenants, threads, timeout_s=240)
+        check_recovered(server, tenants, before)
+        for t in tenants:
+            print(t.report)
+        print(
+            f"\n[fault] whole-server SIGKILL ({mode}): down {down_s:.1f} s, starts "
+            f"{[round(s, 1) for s in server.starts]} s, recovery "
+            f"{[[round(r, 1) for r in t.report.recovery_s] for t in tenants]} s, errors "
+            f"{[t.report.fault_errors[:1] for t in tenants]}"
+        )
+    finally:
+        server.stop()
+
+
+# ---------------------------------------------------------------------------- recovery rules
+def test_a_future_whose_gateway_process_died_fails_at_once_instead_of_pending_forever():
+    state = ServerState(MemoryStore("orphan:"))
+    # Gateway process A ran the future and was SIGKILLed: its lease names a process that is
+    # not running any more (same host, another start time).
+    state.store.put(
+        "instance/gw-dead",
+        {"host": socket.gethostname(), "pid": os.getpid(), "start": "0", "renewed_at": 0.0},
+    )
+    orphan = state.create_future("alice", "forward_backward", "m", instance="gw-dead")
+    # Gateway B (the relaunched server) is asked for it.
+    futures = TinkerFutures(state)
+
+    async def poll():
+        started = time.monotonic()
+        record = await futures.wait("alice", orphan.request_id, timeout=20)
+        return record, time.monotonic() - started
+
+    record, waited = asyncio.run(poll())
+    assert record.status == "error" and record.error.category == "server"
+    assert "stopped (restarted or killed)" in record.error.message
+    assert "resubmit" in record.error.message
+    assert waited < 2.0  # not the 20 s long poll, let alone forever
+    # A live gateway's futures are left alone: on another host, within its lease.
+    state.store.put(
+        "instance/gw-far", {"host": "elsewhere", "pid": 1, "start": "1", "renewed_at": time.time()}
+    )
+    live = state.create_future("alice", "forward_backward", "m", instance="gw-far")
+    assert futures.settle("alice", state.get_future("alice", live.request_id)).status == "pending"
+    # ...and failed once that lease expires.
+    state.store.put(
+        "instance/gw-far", {"host": "elsewhere", "pid": 1, "start": "1", "renewed_at": 0.0}
+    )
+    assert futures.settle("alice", state.get_future("alice", live.request_id)).status == "error"
+
+
+def test_this_process_holds_a_live_lease_while_its_futures_run():
+    state = ServerState(MemoryStore("lease:"))
+    futures = TinkerFutures(state)
+
+    async def scenario():
+        gate = asyncio.Event()
+
+        async def runner():
+            await gate.wait()
+            return {"ok": True}
+
+        rid = futures.submit("alice", "forward_backward", runner, model_id="m")
+        assert state.get_future("alice", rid).instance == futures.instance
+        assert state.instance_alive(futures.instance)
+        assert (await futures.wait("alice", rid, 0.05)).status == "pending"
+        gate.set()
+        return await futures.wait("alice", rid, 5)
+
+    assert asyncio.run(scenario()).result == {"ok": True}
+
+
+@pytest.fixture(scope="module")
+def shared_model():
+    from twinkle.model import MultiLoraTransformersModel
+
+    return MultiLoraTransformersModel("tiny://qwen3")
+
+
+def test_an_adapter_lost_in_a_restart_is_reported_lost_never_fresh(shared_model, tmp_path):
+    now = [1000.0]
+    state = ServerState(MemoryStore("lost:"), clock=lambda: now[0])
+    features = [{"input_ids": list(range(10, 22)), "labels": list(range(10, 22))}]
+
+    def service():
+        for name in list(shared_model.tenants):
+            shared_model.remove_adapter(name)
+        registry = StateRunRegistry(state, tmp_path)
+        return ModelService(
+            shared_model, "tiny/qwen3", registry, per_token_model_limit=1, clock=lambda: now[0]
+        )
+
+    async def before_the_kill():
+        first = service()
+        await first.call("alice", "add_adapter_to_model", {"adapter_name": "a", "config": {"r": 4}})
+        await first.call("alice", "set_optimizer", {"adapter_name": "a", "optimizer": "Adam"})
+        await first.call("alice", "forward_backward", {"adapter_name": "a", "inputs": features})
+        await first.call("alice", "clip_grad_and_step", {"adapter_name": "a"})
+        return await first.call(
+            "alice", "save", {"adapter_name": "a", "name": "ck", "save_optimizer": True}
+        )
+
+    saved = asyncio.run(before_the_kill())["path"]
+    run_id = saved.split("://", 1)[1].split("/", 1)[0]
+
+    async def after_the_restart():
+        now[0] = 2000.0  # the relaunched process starts later
+        relaunched = service()
+        with pytest.raises(Gone) as lost:
+            await relaunched.call(
+                "alice", "forward_only", {"adapter_name": "a", "inputs": features}
+            )
+        # The same name again is a NEW adapter the owner asked for (and the lost run, holding no
+        # adapter, does not use up the key's per_token_model_limit of 1).
+        await relaunched.call(
+            "alice", "add_adapter_to_model", {"adapter_name": "a", "config": {"r": 4}}
+        )
+        progress = await relaunched.call(
+            "alice", "resume_from_checkpoint", {"adapter_name": "a", "path": saved}
+        )
+        return lost.value, progress
+
+    error, progress = asyncio.run(after_the_restart())
+    assert error.status == 410 and error.category == "user"
+    assert f"adapter 'a' (training run {run_id}) was lost" in error.message
+    assert "restarted" in error.message and saved in error.message
+    assert state.get_run("alice", run_id).status == "lost"
+    assert progress["cur_step"] == 1
+
+
+def test_disk_full_mid_checkpoint_keeps_the_previous_one_and_lists_no_broken_one(
+    tmp_path, monkeypatch
+):
+    import twinkle.model.transformers._checkpoints as writer
+
+    server = local_server(tmp_path)
+    route = "/api/v1/model/tiny/qwen3"
+    features = [{"input_ids": list(range(10, 22)), "labels": list(range(10, 22))}]
+    real_save_file = writer.save_file
+
+    def full_disk(tensors, filename, *args, **kwargs):
+        with open(filename, "wb") as out:  # a partial file, then the disk is full
+            out.write(b"\0" * 128)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), filename)
+
+    async def scenario():
+        async with inprocess_client(server) as http:
+
+            async def post(op, **body):
+                return await http.post(f"{route}/{op}", json={"adapter_name": "a", **body})
+
+            run = (await post("add_adapter_to_model", config={"r": 4})).json()
+            run_id = run["result"]["training_run_id"]
+            await post("set_optimizer", optimizer="Adam", lr=1e-2)
+            await post("forward_backward", inputs=features)
+            await post("clip_grad_and_step")
+            good = (await post("save", name="good", save_optimizer=True)).json()["result"]["path"]
+            probe = (await post("forward_only", inputs=features)).json()["result"]["loss"]
+            await post("forward_backward", inputs=features)
+            await post("clip_grad_and_step")
+            monkeypatch.setattr(writer, "save_file", full_disk)
+            full = await post("save", name="good", save_optimizer=True)  # overwrite: must not
+            broken = await post("save", name="broken", save_optimizer=True)
+            monkeypatch.setattr(writer, "save_file", real_save_file)
+            listed = (await http.get(f"/api/v1/training_runs/{run_id}/checkpoints")).json()
+            await post("add_adapter_to_model", adapter_name="b", config={"r": 4})
+            body = {"adapter_name": "b", "path": good}
+            loaded = await http.post(f"{route}/resume_from_checkpoint", json=body)
+            body = {"adapter_name": "b", "inputs": features}
+            again = (await http.post(f"{route}/forward_only", json=body)).json()["result"]
+            return full, broken, listed, loaded, good, probe, again["loss"]
+
+    full, broken, listed, loaded, good, probe, again = asyncio.run(scenario())
+    for failed in (full, broken):
+        assert failed.status_code == 507, failed.text
+        assert "no space left" in failed.json()["error"].lower()
+        assert failed.json()["request_id"]
+    assert [c["twinkle_path"] for c in listed["checkpoints"]] == [good]
+    assert loaded.status_code == 200 and loaded.json()["result"]["cur_step"] == 1
+    assert again == pytest.approx(probe, rel=1e-6)
+    run_dir = tmp_path / "storage"
+    leftovers = [p.name for p in run_dir.rglob("*") if p.is_dir() and ".tmp-" in p.name]
+    assert leftovers == [] and not any(p.name == "broken" for p in run_dir.rglob("*"))
