@@ -1,0 +1,183 @@
+"""The soak of bench/load_mixed.py (``--soak-minutes``): the server in a child process, tenants
+that create an adapter, train a few steps and remove it, over and over, and samples of the child's
+RSS, threads, open files and storage."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from load_mixed import BASE, KINDS, Recorder, build_server, keys, tinker_tenant, twinkle_tenant
+
+SCRIPT = Path(__file__).resolve().with_name("load_mixed.py")
+
+
+def serve(storage: str, port: int, tenants: int, limits: dict) -> None:
+    """The child process of the soak: the server, alone, so that its resources are its own."""
+    import uvicorn
+
+    server = build_server(storage, tenants, limits)
+    uvicorn.run(server.app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+
+
+@contextlib.contextmanager
+def child_server(storage: str, tenants: int, limits: dict, timeout_s: float = 180.0):
+    """Yields ``(url, pid)`` of a server in a child process; stops it after."""
+    import httpx
+    from live import free_port
+
+    port = free_port()
+    log = open(Path(storage) / "server.log", "wb")  # noqa: SIM115 - closed below
+    command = [
+        sys.executable,
+        str(SCRIPT),
+        "--serve",
+        storage,
+        str(port),
+        "--tenants",
+        str(tenants),
+    ]
+    command += ["--rps-limit", str(limits.get("rps_limit") or 0)]
+    command += ["--tps-limit", str(limits.get("tps_limit") or 0)]
+    command += ["--key-rps-limit", str(limits.get("rps_limit_per_key") or 0)]
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}; see {log.name}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/api/v1/healthz", timeout=1.0).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"server at {url} not healthy within {timeout_s} s")
+            time.sleep(0.2)
+        yield url, proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def resources(pid: int) -> dict:
+    """RSS (MiB), threads and open file descriptors of process ``pid``."""
+    status = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    return {
+        "rss_mib": round(int(status["VmRSS"].split()[0]) / 1024, 1),
+        "threads": int(status["Threads"]),
+        "open_files": len(os.listdir(f"/proc/{pid}/fd")),
+    }
+
+
+def disk_usage(root: str) -> int:
+    """Bytes under ``root`` (checkpoints and sampler snapshots the tenants left)."""
+    total = 0
+    for folder, _, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(folder, name)).st_size
+    return total
+
+
+def loaded_adapters(url: str, key: str) -> int:
+    import httpx
+
+    reply = httpx.get(
+        f"{url}/api/v1/model/{BASE}/status", headers={"Authorization": f"Bearer {key}"}, timeout=30
+    )
+    reply.raise_for_status()
+    return int(reply.json()["adapters"])
+
+
+def soak_worker(url: str, index: int, key: str, deadline: float, args, rec: Recorder) -> None:
+    """Create an adapter, train ``args.cycle_steps`` steps, remove it; again until ``deadline``."""
+    kind = KINDS[index % len(KINDS)]
+    cycle = 0
+    while time.monotonic() < deadline:
+        try:
+            if kind == "twinkle_sft":
+                twinkle_tenant(url, key, args.cycle_steps, rec, index, name=f"soak-{cycle}")
+            else:
+                rl = kind == "tinker_rl"
+                tinker_tenant(url, key, args.cycle_steps, rec, index, rl, args.cycle_steps)
+            with rec.lock:
+                rec.steps[f"cycles:{kind}"] += 1
+        except Exception as exc:  # noqa: BLE001 - reported in the summary
+            rec.error(key, exc)
+        cycle += 1
+
+
+def drift(values: list[float]) -> dict:
+    """First and last quarter medians of the post-warm-up samples, and their relative change."""
+    quarter = max(1, len(values) // 4)
+    first, last = float(np.median(values[:quarter])), float(np.median(values[-quarter:]))
+    return {
+        "first": round(first, 1),
+        "last": round(last, 1),
+        "min": min(values),
+        "max": max(values),
+        "drift_pct": round(100 * (last - first) / first, 2) if first else None,
+    }
+
+
+def run_soak(args, limits: dict):
+    """Yields one ``sample`` record every ``args.sample_s`` seconds, then the summary."""
+    from twinkle_client import init_tinker_client
+
+    init_tinker_client()
+    rec = Recorder()
+    with tempfile.TemporaryDirectory() as storage:
+        with child_server(storage, args.tenants, limits) as (url, pid):
+            started = time.monotonic()
+            deadline = started + args.soak_minutes * 60
+            threads = [
+                threading.Thread(target=soak_worker, args=(url, i, k, deadline, args, rec))
+                for i, k in enumerate(keys(args.tenants))
+            ]
+            for thread in threads:
+                thread.start()
+            samples = []
+            while any(thread.is_alive() for thread in threads):
+                sample = {"record": "sample", "t_s": round(time.monotonic() - started, 1)}
+                sample |= resources(pid) | {"adapters": loaded_adapters(url, keys(1)[0])}
+                sample["storage_mib"] = round(disk_usage(storage) / 2**20, 1)
+                sample["steps"] = sum(n for k, n in rec.steps.items() if ":" not in k)
+                samples.append(sample)
+                yield sample
+                for thread in threads:  # the next sample is due in sample_s, or when all end
+                    thread.join(
+                        max(0.0, started + sample["t_s"] + args.sample_s - time.monotonic())
+                    )
+            end = resources(pid) | {"adapters": loaded_adapters(url, keys(1)[0])}
+    steady = [s for s in samples if s["t_s"] >= args.warmup_minutes * 60] or samples
+    report = {m: drift([s[m] for s in steady]) for m in ("rss_mib", "threads", "open_files")}
+    yield {
+        "record": "soak_summary",
+        "minutes": args.soak_minutes,
+        "tenants": args.tenants,
+        "samples_after_warmup": len(steady),
+        "cycles": {k.split(":", 1)[1]: n for k, n in rec.steps.items() if ":" in k},
+        "steps": sum(n for k, n in rec.steps.items() if ":" not in k),
+        "adapters_at_end": end["adapters"],
+        "end": end,
+        "storage_mib": {"first": steady[0]["storage_mib"], "last": steady[-1]["storage_mib"]},
+        "resources": report,
+        "flat_within_5pct": all(abs(r["drift_pct"] or 0) <= 5 for r in report.values()),
+        "client_errors": rec.errors[:20],
+        "client_error_count": len(rec.errors),
+        "cpus": os.cpu_count(),
+    }
