@@ -10,9 +10,9 @@ per-tenant limits (``--rps-limit``, ``--tps-limit``; model and sampler) make the
 Prints JSON lines: one per tenant, one per operation (p50/p95/p99 seconds) and a summary (exact
 step counts, fairness, every status the server answered, client errors).
 
-Soak (``--soak-minutes M``, bench/_load_soak.py): the same server in a child process; tenants create an adapter (a
-twinkle_client adapter or a Tinker training client), train ``--cycle-steps`` steps and remove it,
-over and over. Every ``--sample-s`` the child's RSS, open files and threads are printed; the
+Soak (``--soak-minutes M``, bench/_load_soak.py): the same server in a child process; tenants
+create an adapter (a twinkle_client adapter or a Tinker training client), train ``--cycle-steps``
+steps and remove it, over and over. Every ``--sample-s`` the child's RSS, open files and threads are printed; the
 summary says whether each stayed within 5% after ``--warmup-minutes``.
 
     python bench/load_mixed.py                      # 16 tenants x 200 steps
