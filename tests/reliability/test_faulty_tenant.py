@@ -246,3 +246,28 @@ def test_a_faulty_tenant_fails_alone_and_changes_no_other_tenant(model, referenc
             torch.testing.assert_close(value, reference["end"][owner][key], **TOL, msg=key)
         assert not torch.equal(run["end"][owner]["w0"], run["start"][owner]["w0"])
     np.testing.assert_allclose(run["losses"], reference["losses"], rtol=0, atol=1e-6)
+
+
+class _BrokenOptimizer(torch.optim.SGD):
+    """A tenant's own optimizer class that fails in its step (not batchable: stepped alone)."""
+
+    def step(self, closure=None):
+        raise RuntimeError("bug in the tenant's own optimizer")
+
+
+def test_a_failed_batched_step_moves_no_accumulation_window(model):
+    """A batched clip_grad_and_step that fails for one tenant leaves every tenant's progress as it
+    was, so the rerun tenant by tenant counts each accumulation step once."""
+    for name in list(model.tenants):
+        model.remove_adapter(name)
+    model.add_adapter_to_model("healthy", {"r": 4}, gradient_accumulation_steps=2)
+    model.add_adapter_to_model("broken", {"r": 4})
+    model.set_optimizer(_BrokenOptimizer, adapter_name="broken", lr=0.1)
+    batch = {"inputs": _features(1)}
+    model.forward_backward_many({"healthy": dict(batch), "broken": dict(batch)})
+    with pytest.raises(RuntimeError, match="own optimizer"):
+        model.clip_grad_and_step_many(["healthy", "broken"])
+    assert model.tenants["healthy"].micro_step == 0
+    assert model.clip_grad_and_step_many(["healthy"]) == {"healthy": False}  # 1 of 2
+    model.forward_backward_many({"healthy": dict(batch)})
+    assert model.clip_grad_and_step_many(["healthy"]) == {"healthy": True}  # 2 of 2
