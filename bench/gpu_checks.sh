@@ -76,7 +76,7 @@ cat "$out/lora_kernel.jsonl"
 for model in $("$py" bench/gpu_summary.py --models); do
   name=${model#tiny://}
   step "train_$name" 150 "$py" bench/multi_tenant_train.py \
-    --models "$model" --tenants 8 --point-seconds 4 >"$out/train_$name.log" 2>&1
+    --models "$model" --tenants 8 --point-seconds 4 --no-rss >"$out/train_$name.log" 2>&1
   grep '^{' "$out/train_$name.log"
 done
 
