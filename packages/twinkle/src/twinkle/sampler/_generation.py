@@ -27,6 +27,7 @@ class DecodeBatch:
         self.topk: list[list[list[tuple[int, float]]]] = [[] for _ in range(rows)]
         self.done = [False] * rows
         self.stop_text: list[int | None] = [None] * rows  # where a stop string starts in the text
+        self.images: Any = None  # the batch's image inputs (``_images.BatchImages``), if any
 
     @classmethod
     def left_padded(cls, rows: list[list[int]], pad_id: int, device: torch.device) -> DecodeBatch:

@@ -14,14 +14,26 @@ from twinkle.errors import ArgumentTypeError, InvalidArgumentError, UnknownAdapt
 from twinkle.sampler.types import SampleResponse, SamplingParams
 
 _TOKEN_KEYS = ("input_ids", "labels", "length", "attention_mask", "position_ids")
+_IMAGE_KEYS = ("pixel_values", "image_grid_thw")
 
 
 @dataclass
 class Prompt:
-    """One input as token ids, with the data that rides along (``Trajectory.extra``)."""
+    """One input as token ids, with the data that rides along (``Trajectory.extra``).
+
+    ``pixel_values`` / ``image_grid_thw`` are the prompt's images as the template's
+    ``encode`` makes them (``None`` for a text-only prompt); ``tokens`` then holds one
+    ``<|image_pad|>`` per image token.
+    """
 
     tokens: list[int]
     extra: dict[str, Any] = field(default_factory=dict)
+    pixel_values: Any = None
+    image_grid_thw: Any = None
+
+    @property
+    def has_images(self) -> bool:
+        return self.image_grid_thw is not None and len(self.image_grid_thw) > 0
 
 
 class Sampler(ABC):
@@ -175,15 +187,20 @@ class Sampler(ABC):
         if isinstance(item, Trajectory) or (isinstance(item, Mapping) and "messages" in item):
             trajectory = Trajectory.coerce(dict(item) if not isinstance(item, Trajectory) else item)
             feature = self._template().encode(trajectory, add_generation_prompt=True)
-            return Prompt([int(t) for t in feature["input_ids"]], dict(trajectory.extra))
+            return Prompt(
+                [int(t) for t in feature["input_ids"]],
+                dict(trajectory.extra),
+                *_images(feature),
+            )
         if isinstance(item, Mapping):
             if "input_ids" not in item:
                 raise InvalidArgumentError(
                     "an input mapping needs 'messages' (a trajectory) or 'input_ids'"
                 )
             extra = dict(item.get("extra") or {})
-            extra.update({k: v for k, v in item.items() if k not in _TOKEN_KEYS and k != "extra"})
-            return Prompt(_token_list(item["input_ids"]), extra)
+            skip = {*_TOKEN_KEYS, *_IMAGE_KEYS, "extra"}
+            extra.update({k: v for k, v in item.items() if k not in skip})
+            return Prompt(_token_list(item["input_ids"]), extra, *_images(item))
         return Prompt(_token_list(item))
 
     @staticmethod
@@ -198,6 +215,29 @@ class Sampler(ABC):
         if len(uris) != count:
             raise InvalidArgumentError(f"adapter_uri has {len(uris)} entries for {count} inputs")
         return uris
+
+
+def _images(item: Mapping) -> tuple[Any, Any]:
+    """An encoded input's ``(pixel_values, image_grid_thw)``, both or neither.
+
+    Raises:
+        InvalidArgumentError: Only one of the two is given, or their shapes disagree.
+    """
+    pixels, grid = item.get("pixel_values"), item.get("image_grid_thw")
+    if pixels is None and grid is None:
+        return None, None
+    if pixels is None or grid is None:
+        raise InvalidArgumentError(
+            "an input with images needs both pixel_values and image_grid_thw"
+        )
+    pixels = np.asarray(pixels, dtype=np.float32)
+    grid = np.asarray(grid, dtype=np.int64).reshape(-1, 3)
+    if pixels.ndim != 2 or int(grid.prod(-1).sum()) != pixels.shape[0]:
+        raise InvalidArgumentError(
+            f"pixel_values has shape {list(pixels.shape)}, image_grid_thw {grid.tolist()} "
+            "asks for one row per patch"
+        )
+    return pixels, grid
 
 
 def _is_single(inputs: Any) -> bool:

@@ -14,6 +14,7 @@ from twinkle.model.options import ExecutionOptions, resolve_options
 from twinkle.sampler._adapter_pool import AdapterPool
 from twinkle.sampler._decoding import choose_tokens, row_seeds
 from twinkle.sampler._generation import DecodeBatch
+from twinkle.sampler._images import batch_images
 from twinkle.sampler._prompt_scores import (
     PromptScores,
     blank_before_last_n,
@@ -55,16 +56,17 @@ class TorchSampler(Sampler):
         torch_dtype: torch.dtype | None = None,
         options: ExecutionOptions | dict | None = None,
     ) -> None:
-        from transformers import AutoModelForCausalLM
-
         from twinkle.hub import remote_code_guard, resolve_model_dir
+        from twinkle.model.transformers._auto import auto_model_class
 
         super().__init__(model_id)
         self.model_dir = Path(resolve_model_dir(model_id))
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = torch_dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         with remote_code_guard(self.model_dir) as trust:
-            self.model = AutoModelForCausalLM.from_pretrained(
+            # A model with a vision tower (Qwen3.5, tiny://qwen3.5-vl) loads whole, so prompts
+            # may carry images.
+            self.model = auto_model_class(self.model_dir, trust).from_pretrained(
                 self.model_dir, dtype=dtype, trust_remote_code=trust
             )
         self.model.to(self.device).eval().requires_grad_(False)
@@ -104,11 +106,13 @@ class TorchSampler(Sampler):
         seeds = row_seeds(params.seed, len(prompts), n)
         # Rows with the same adapter sit together, so each adapter is one contiguous route.
         order = sorted(range(len(row_prompts)), key=lambda r: (row_adapters[r] or "", r))
+        row_images = [p for p in prompts for _ in range(n)]
         sequences, prompt_lps, prompt_scores = self._decode(
             [row_prompts[r] for r in order],
             [row_adapters[r] for r in order],
             [seeds[r] for r in order],
             params,
+            [row_images[r] for r in order],
         )
         by_row = dict(zip(order, zip(sequences, prompt_lps, prompt_scores)))
         response = SampleResponse()
@@ -137,16 +141,27 @@ class TorchSampler(Sampler):
         adapters: list[str | None],
         seeds: list[int],
         params: SamplingParams,
+        images: list[Prompt] | None = None,
     ) -> tuple[list[SampledSequence], list[list[float | None] | None], list[PromptScores]]:
         template = self._template()
         want_scores = wants_prompt_scores(params)
         want_prompt = params.prompt_logprobs or params.max_tokens == 0 or want_scores
         batch = DecodeBatch.left_padded(rows, template.pad_token_id, self.device)
+        images = images or []
+        batch.images = batch_images(
+            self.model,
+            [p.pixel_values for p in images],
+            [p.image_grid_thw for p in images],
+            adapters,
+            self.device,
+            rows,
+        )
+        vision_routes = batch.images.vision_routes if batch.images is not None else None
         vocab = self.model.get_input_embeddings().weight.shape[0]
         seen_B_V = batch.seen_tokens(vocab) if params.repetition_penalty != 1.0 else None
         generators = [torch.Generator().manual_seed(s) for s in seeds]
         stop_ids = self.stop_token_ids | set(params.stop_token_ids)
-        with torch.no_grad(), self.router.route(_routes(adapters)):
+        with torch.no_grad(), self.router.route(_routes(adapters), vision_routes):
             logits_B_T_V, cache = self._forward(batch, None, keep_all=want_prompt)
             prompt_lps = batch.prompt_logprobs(logits_B_T_V) if want_prompt else [None] * len(rows)
             scores = [
@@ -186,11 +201,16 @@ class TorchSampler(Sampler):
     def _forward(self, batch: DecodeBatch, cache: Any, keep_all: bool) -> tuple[torch.Tensor, Any]:
         """Prefill (``cache is None``) or one decode step; falls back to full recompute when the
         model keeps no cache."""
-        if cache is None or self.uses_cache is False:
-            ids, mask, pos = batch.full_inputs()
-        else:
-            ids, mask, pos = batch.step_inputs()
+        full = cache is None or self.uses_cache is False
+        ids, mask, pos = batch.full_inputs() if full else batch.step_inputs()
         kwargs = {"use_cache": self.uses_cache is not False, "logits_to_keep": 0 if keep_all else 1}
+        if batch.images is not None:
+            # Every full pass re-reads the images; a cached step only moves the 3-D positions on.
+            if full:
+                pos = batch.images.full_positions(self.model, ids, mask)
+                kwargs.update(batch.images.prefill_kwargs())
+            else:
+                pos = batch.images.step_positions(pos)
         if cache is not None and self.uses_cache:
             kwargs[self._cache_kwarg] = cache
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, **kwargs)

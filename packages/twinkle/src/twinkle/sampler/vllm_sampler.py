@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from twinkle.errors import InvalidArgumentError
 from twinkle.sampler._adapter_pool import ADAPTER_CONFIG, check_base_model, resolve_adapter_dir
 from twinkle.sampler.base import Prompt, Sampler
 from twinkle.sampler.types import SampledSequence, SampleResponse, SampleResult, SamplingParams
@@ -94,6 +95,14 @@ class vLLMSampler(Sampler):
         adapter_name: str | None,
     ) -> SampleResponse:
         adapter_uris = self._named_adapter_uris(adapter_name, adapter_uris)
+        with_images = [i for i, p in enumerate(prompts) if p.has_images]
+        if with_images:
+            # Untested here (no vLLM build with Qwen3.5's vision tower on CPU): refuse rather
+            # than sample the image tokens as text.
+            raise InvalidArgumentError(
+                f"inputs[{with_images[0]}]: VLLMSampler does not take images; "
+                "sample image prompts with TorchSampler"
+            )
         requests = {u: self._lora_request(u) for u in dict.fromkeys(adapter_uris) if u is not None}
         want_prompt = params.prompt_logprobs or params.max_tokens == 0
         vllm_params = self._vllm.SamplingParams(
