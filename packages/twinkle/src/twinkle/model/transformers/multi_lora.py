@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from twinkle.model.lora import (
 from twinkle.model.metrics import Metric
 from twinkle.model.optim import build_optimizer, build_scheduler, check_scheduler_name
 from twinkle.model.options import ExecutionOptions, resolve_options
+from twinkle.model.paging import AdapterPager
 from twinkle.model.protocol import AdamParams, Capabilities
 from twinkle.model.protocol import adam_params as adam_params_of
 from twinkle.model.step import (
@@ -115,6 +117,15 @@ class MultiLoraTransformersModel:
         self.router = LoraRouter(kernel=self.options.lora_kernel)
         self.seed = seed
         self.tenants: dict[str, Tenant] = {}
+        self.pager: AdapterPager | None = None
+
+    def enable_paging(self, max_resident: int, **kwargs: Any) -> AdapterPager:
+        """Keep at most ``max_resident`` adapters on the device and page idle ones out (see
+        :class:`~twinkle.model.paging.AdapterPager` for ``mode``, ``storage_dir``, ...)."""
+        self.pager = AdapterPager(max_resident, **kwargs)
+        self.pager.resident.update(dict.fromkeys(self.tenants))
+        self.pager.make_room(self.tenants, "")
+        return self.pager
 
     @property
     def direct_weight_grads(self) -> bool:
@@ -156,7 +167,14 @@ class MultiLoraTransformersModel:
         if kwargs:
             raise ArgumentTypeError(f"unexpected arguments: {', '.join(kwargs)}")
         resolve_target_modules(self.model, spec.target_modules)  # fail before touching the model
-        inject_adapter(self.model, self.router, spec)
+        if self.pager is not None:
+            self.pager.added(self.tenants, adapter_name)  # frees a slot (or raises) first
+        try:
+            inject_adapter(self.model, self.router, spec)
+        except BaseException:
+            if self.pager is not None:
+                self.pager.removed(adapter_name)
+            raise
         self.tenants[adapter_name] = Tenant(
             name=adapter_name,
             spec=spec,
@@ -171,22 +189,25 @@ class MultiLoraTransformersModel:
 
     def remove_adapter(self, adapter_name: str | None = None) -> None:
         """Drop a tenant: its weights, optimizer and state are freed."""
-        tenant = self.tenant(adapter_name)
+        tenant = self.tenant(adapter_name, page_in=False)
         remove_adapter(self.model, tenant.name)
         del self.tenants[tenant.name]
+        if self.pager is not None:
+            self.pager.removed(tenant.name)
 
     def list_adapters(self) -> list[str]:
         return list(self.tenants)
 
-    def tenant(self, adapter_name: str | None = None) -> Tenant:
-        """The state of tenant ``adapter_name`` (the only one when ``None`` and one exists).
+    def tenant(self, adapter_name: str | None = None, page_in: bool = True) -> Tenant:
+        """The state of tenant ``adapter_name`` (the only one when ``None`` and one exists),
+        paged in first (unless ``page_in`` is False) when paging is on.
 
         Raises:
             ValueError: Unknown name, no adapter, or ``None`` while several exist.
         """
+        if adapter_name is None and len(self.tenants) == 1:
+            adapter_name = next(iter(self.tenants))
         if adapter_name is None:
-            if len(self.tenants) == 1:
-                return next(iter(self.tenants.values()))
             if not self.tenants:
                 raise UnknownAdapterError(
                     "no adapter on this model: call add_adapter_to_model first"
@@ -199,7 +220,14 @@ class MultiLoraTransformersModel:
             raise UnknownAdapterError(
                 f"unknown adapter {adapter_name!r}; adapters on this model: {known}"
             )
-        return self.tenants[adapter_name]
+        tenant = self.tenants[adapter_name]
+        if page_in and self.pager is not None:
+            self.pager.ensure(self.tenants, tenant)
+        return tenant
+
+    def _pinned(self, names: list[str]):
+        """One call's tenants stay resident together while it runs."""
+        return self.pager.pinning(names) if self.pager is not None else nullcontext()
 
     # ------------------------------------------------------------ configuration
     def set_template(self, template: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
@@ -353,6 +381,12 @@ class MultiLoraTransformersModel:
             Each tenant's ``forward_backward`` result. Gradients land only in each tenant's adapter
             and equal those of separate per-tenant passes.
         """
+        with self._pinned(list(requests)):
+            return self._forward_backward_many(requests)
+
+    def _forward_backward_many(
+        self, requests: dict[str, dict[str, Any]]
+    ) -> dict[str, dict[str, Any]]:
         batches, tenants = [], []
         for name, request in requests.items():
             tenant = self.tenant(name)
@@ -457,6 +491,12 @@ class MultiLoraTransformersModel:
         Returns:
             ``{adapter_name: whether its optimizer stepped}``.
         """
+        with self._pinned(list(adapter_names)):
+            return self._clip_grad_and_step_many(adapter_names, max_grad_norm)
+
+    def _clip_grad_and_step_many(
+        self, adapter_names: list[str], max_grad_norm: float
+    ) -> dict[str, bool]:
         return optimizer_steps.clip_grad_and_step_many(
             [self.tenant(name) for name in adapter_names],
             max_grad_norm,
