@@ -145,11 +145,12 @@ class StatusCounter:
         await self.app(scope, receive, counting)
 
     def unexpected(self) -> dict[str, int]:
-        """Answers other than success and 429."""
+        """Answers other than success, 429, and 410 to a heartbeat of a finished session (how
+        the server tells the Tinker SDK's heartbeat thread, racing ``close``, to stop)."""
         return {
             f"{route} {status}": n
             for (route, status), n in self.statuses.items()
-            if status >= 400 and status != 429
+            if status >= 400 and status != 429 and (route, status) != ("session_heartbeat", 410)
         }
 
     def count(self, status: int) -> int:
@@ -431,6 +432,7 @@ def run_load(tenants: int, steps: int, limits: dict, sync: int = 10) -> list[dic
             "paused_rate_limit_futures": sum(trace.paused.values()),
             "fused_passes": model.scheduler.fused_passes,
             "unexpected_statuses": counter.unexpected(),
+            "heartbeats_after_finish_410": counter.statuses[("session_heartbeat", 410)],
             "client_errors": rec.errors,
             "statuses": {f"{r} {s}": n for (r, s), n in sorted(counter.statuses.items())},
             "cpus": os.cpu_count(),

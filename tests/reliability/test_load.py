@@ -9,6 +9,7 @@ The full size (16 tenants x 200 steps) and the soak are ``python bench/load_mixe
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ import httpx
 import pytest
 
 from twinkle.server.errors import RateLimited
+from twinkle.server.tinker.futures import TinkerFutures
 from twinkle.server.web import error_response
 from twinkle_client._http import HttpTransport
 
@@ -61,6 +63,24 @@ def test_the_client_first_waits_exactly_the_servers_retry_after_then_backs_off()
     sleeps.clear()
     assert http.post("/x", {}) == {"ok": 2}
     assert sleeps == [0.2, 1.0, 2.0]  # refused again: another caller took the room, back off
+
+
+def test_idle_tinker_lanes_are_bounded_and_busy_ones_kept():
+    """Every Tinker training client gets an ordering lane; the soak creates them without end.
+    Idle ones beyond the bound are forgotten, oldest first; one with a call running or waiting
+    for its turn never is."""
+
+    async def scenario() -> list[str]:
+        futures = TinkerFutures(state=None, max_idle_lanes=3)
+        _, running = await futures.lane("running").admit(1)  # its call has not finished
+        futures.lane("waiting").admitting += 1  # submitted, not let in yet
+        for i in range(1000):
+            _, done = await futures.lane(f"client-{i}").admit(1)
+            done.set_result(None)
+        running.set_result(None)
+        return list(futures._lanes)
+
+    assert asyncio.run(scenario()) == ["running", "waiting", "client-999"]
 
 
 @pytest.mark.integration

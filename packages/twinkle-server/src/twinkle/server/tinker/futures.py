@@ -59,6 +59,12 @@ class ModelLane:
         self.last_seq = 0
         self._tail: asyncio.Future | None = None
         self._changed = asyncio.Condition()
+        self.admitting = 0  # calls submitted that admit has not let in yet
+
+    @property
+    def idle(self) -> bool:
+        """Nothing runs or waits in this lane: forgetting it orders nothing wrongly."""
+        return self.admitting == 0 and (self._tail is None or self._tail.done())
 
     async def admit(self, seq_id: int | None) -> tuple[asyncio.Future | None, asyncio.Future]:
         """Wait for the turn of ``seq_id``; returns (the predecessor's done-future, ours)."""
@@ -99,12 +105,22 @@ class TinkerFutures:
         state: The server state holding the future records.
         gap_timeout: Seconds a call waits for a missing earlier ``seq_id``.
         max_retry_s: How long a rate-limited call keeps being retried before it fails.
+        max_idle_lanes: Idle lanes kept (least recently used dropped first): every training
+            client ever created has one, and without a bound they would pile up forever. A
+            dropped lane's client that comes back only waits ``gap_timeout`` once.
     """
 
-    def __init__(self, state: Any, gap_timeout: float = 10.0, max_retry_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        state: Any,
+        gap_timeout: float = 10.0,
+        max_retry_s: float = 600.0,
+        max_idle_lanes: int = 4096,
+    ) -> None:
         self.state = state
         self.gap_timeout, self.max_retry_s = gap_timeout, max_retry_s
-        self._lanes: dict[str, ModelLane] = {}
+        self.max_idle_lanes = max_idle_lanes
+        self._lanes: OrderedDict[str, ModelLane] = OrderedDict()
         self._done: dict[str, asyncio.Event] = {}
         self._tasks: set[asyncio.Task] = set()
         self._seen: OrderedDict[tuple, str] = OrderedDict()
@@ -113,9 +129,20 @@ class TinkerFutures:
         self._lease: asyncio.Task | None = None
 
     def lane(self, model_id: str) -> ModelLane:
-        if model_id not in self._lanes:
-            self._lanes[model_id] = ModelLane(self.gap_timeout)
-        return self._lanes[model_id]
+        lane = self._lanes.get(model_id)
+        if lane is None:
+            lane = self._lanes[model_id] = ModelLane(self.gap_timeout)
+            if len(self._lanes) > self.max_idle_lanes:
+                self._drop_idle_lanes(keep=model_id)
+        self._lanes.move_to_end(model_id)
+        return lane
+
+    def _drop_idle_lanes(self, keep: str) -> None:
+        """Forget the least recently used idle lanes beyond ``max_idle_lanes``."""
+        excess = len(self._lanes) - self.max_idle_lanes
+        idle = [m for m, lane in self._lanes.items() if lane.idle and m != keep]
+        for model_id in idle[:excess]:
+            del self._lanes[model_id]
 
     def find(self, owner: str, keys: list[tuple]) -> str | None:
         """The request id an earlier identical submission got, if any."""
@@ -146,6 +173,8 @@ class TinkerFutures:
             self._seen.popitem(last=False)
         self._done[rid] = asyncio.Event()
         lane = self.lane(model_id) if (model_id and ordered) else None
+        if lane is not None:
+            lane.admitting += 1  # not idle from now on: a lane dropped here would lose the order
         task = asyncio.get_running_loop().create_task(self._run(owner, rid, runner, lane, seq_id))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -154,7 +183,12 @@ class TinkerFutures:
     async def _run(
         self, owner: str, rid: str, runner: Runner, lane: ModelLane | None, seq_id: int | None
     ) -> None:
-        previous, mine = (None, None) if lane is None else await lane.admit(seq_id)
+        previous, mine = None, None
+        if lane is not None:
+            try:
+                previous, mine = await lane.admit(seq_id)
+            finally:
+                lane.admitting -= 1
         try:
             if previous is not None:
                 await asyncio.shield(previous)
