@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from twinkle.errors import InvalidArgumentError
 from twinkle.model.lora import LoraRouter, RowRoute
 from twinkle.model.options import ExecutionOptions, resolve_options
 from twinkle.sampler._adapter_pool import AdapterPool
@@ -97,8 +98,15 @@ class TorchSampler(Sampler):
         adapter_name: str | None,
     ) -> SampleResponse:
         adapter_uris = self._named_adapter_uris(adapter_name, adapter_uris)
+        vocab = self.model.get_input_embeddings().weight.shape[0]
         for i, prompt in enumerate(prompts):
             check_prompt_params(params, len(prompt.tokens), i)
+            # Up front: an id past the embedding is an IndexError deep in the forward pass.
+            bad = next((t for t in prompt.tokens if not 0 <= int(t) < vocab), None)
+            if bad is not None:
+                raise InvalidArgumentError(
+                    f"inputs[{i}]: token id {bad} is out of the vocabulary [0, {vocab})"
+                )
         names = self.adapters.acquire([u for u in adapter_uris if u is not None])
         n = params.num_samples
         row_prompts = [p.tokens for p in prompts for _ in range(n)]

@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from twinkle.server.context import ServerContext
 from twinkle.server.gateway.backends import Backends, unload_session_adapters
 from twinkle.server.gateway.routes_common import create_common_router
+from twinkle.server.openapi_bodies import document_bodies, gateway_bodies
 from twinkle.server.web import install_error_handlers
 
 logger = logging.getLogger("twinkle.server.gateway")
@@ -19,6 +20,7 @@ def create_gateway_app(ctx: ServerContext, backends: Backends) -> FastAPI:
     """The gateway's routes over ``ctx`` (state, auth) and ``backends`` (models, samplers)."""
     app = FastAPI(title="Twinkle server")
     install_error_handlers(app)
+    document_bodies(app, gateway_bodies)
     app.include_router(create_common_router(ctx, backends))
     try:
         from twinkle.server.tinker.routes import create_tinker_router

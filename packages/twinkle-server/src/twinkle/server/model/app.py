@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse
 
 from twinkle.server.auth import presented_key
 from twinkle.server.model.service import ModelService
+from twinkle.server.openapi_bodies import document_bodies, model_bodies
 from twinkle.server.web import (
     DEFAULT_MAX_REQUEST_BYTES,
     Authenticator,
@@ -32,6 +33,7 @@ def create_model_app(
     """
     app = FastAPI(title=f"Twinkle model {service.base_model}")
     install_error_handlers(app)
+    document_bodies(app, model_bodies(service.operations), expand="/{op}")
 
     @app.get("/healthz")
     async def healthz() -> dict:

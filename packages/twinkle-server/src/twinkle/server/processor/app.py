@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI, Request
 
+from twinkle.server.openapi_bodies import document_bodies, processor_bodies
 from twinkle.server.processor.service import ProcessorService
 from twinkle.server.web import (
     DEFAULT_MAX_REQUEST_BYTES,
@@ -26,6 +27,7 @@ def create_processor_app(
     service = service or ProcessorService()
     app = FastAPI(title="Twinkle processor")
     install_error_handlers(app)
+    document_bodies(app, processor_bodies, expand="/{op}")
     app.state.service = service
 
     @app.get("/healthz")

@@ -10,6 +10,7 @@ from ray import serve
 from twinkle.server.config import ApplicationConfig, ServerConfig, base_model_name
 from twinkle.server.context import build_context
 from twinkle.server.model.ratelimit import RateLimiter
+from twinkle.server.openapi_bodies import document_bodies, sampler_bodies
 from twinkle.server.sampler.service import SampleLimits, SamplerService
 from twinkle.server.telemetry import serve_traced, setup_telemetry
 from twinkle.server.threads import build_on_model_thread, cpu_threads
@@ -90,6 +91,7 @@ def create_sampler_app(
     """``POST /sample`` and ``POST /set_template`` with JSON bodies; ``GET /healthz``."""
     app = FastAPI(title=f"Twinkle sampler {service.base_model}")
     install_error_handlers(app)
+    document_bodies(app, sampler_bodies, expand="/{op}")
 
     @app.get("/healthz")
     async def healthz() -> dict:

@@ -122,6 +122,14 @@ class MockModel:
         loss, logprobs, _ = self._run(state, inputs, kwargs.get("advantages"), with_grads=False)
         return {"loss": loss, "logprobs": logprobs}
 
+    def forward(self, inputs: Any, adapter_name: str | None = None, **kwargs) -> dict:
+        """Per-row target log-probs and the trained-token count, as the transformers backend's
+        ``forward`` returns them; the mock keeps no graph for a later ``backward``, so nothing
+        of the adapter (gradients, metrics) changes."""
+        state = self._resolve(adapter_name)
+        batch, lp_N, _ = self._logprobs(state, inputs)
+        return {"logprobs": per_row(batch, lp_N), "num_tokens": int(batch.valid_N.sum())}
+
     def clip_grad_and_step(
         self, max_grad_norm: float | None = 1.0, adapter_name: str | None = None, **kwargs
     ) -> bool:
@@ -309,7 +317,8 @@ class MockModel:
             )
         return self._adapters[adapter_name]
 
-    def _run(self, state: AdapterState, inputs: Any, advantages: Any, with_grads: bool):
+    def _logprobs(self, state: AdapterState, inputs: Any):
+        """The flattened batch, each position's target log-prob, and the forward's cache."""
         rows = [inputs] if isinstance(inputs, dict) else list(inputs)
         if not rows:
             raise InvalidArgumentError("inputs must hold at least one row")
@@ -319,6 +328,11 @@ class MockModel:
         )
         n = len(batch.ids_N)
         lp_N = np.where(batch.valid_N, logprobs_N_V[np.arange(n), batch.targets_N], 0.0)
+        return batch, lp_N, (logprobs_N_V, cache)
+
+    def _run(self, state: AdapterState, inputs: Any, advantages: Any, with_grads: bool):
+        rows = [inputs] if isinstance(inputs, dict) else list(inputs)
+        batch, lp_N, (logprobs_N_V, cache) = self._logprobs(state, rows)
         loss, dloss_dlp_N = self._loss(state, rows, batch, lp_N, advantages)
         correct = int(np.sum((logprobs_N_V.argmax(-1) == batch.targets_N) & batch.valid_N))
         totals = state.train_totals if with_grads else state.eval_totals

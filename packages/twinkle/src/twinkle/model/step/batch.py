@@ -100,7 +100,12 @@ def collate(
         items, needs_template = split_inputs(inputs)
         features = template.batch_encode(items) if needs_template else items
         _check_lengths(tenant_name, template, features)
-        tensors = processor(features)
+        try:
+            tensors = processor(features)
+        except InvalidArgumentError:
+            raise
+        except ValueError as exc:  # InputFeature's own checks (labels as long as input_ids)
+            raise InvalidArgumentError(f"inputs: {exc}") from None
     input_ids = tensors["input_ids"]
     if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab_size):
         raise InvalidArgumentError(f"input_ids out of the vocabulary range [0, {vocab_size})")
