@@ -248,20 +248,25 @@ class MultiLoraTransformersModel:
         or a processor instance, used as is)."""
         tenant = self.tenant(adapter_name)
         if isinstance(processor, str):
-            tenant.processor_config = {"name": processor, **kwargs}
-            tenant.processor = self._build_processor(tenant)
+            config = {"name": processor, **kwargs}
+            # Built before it is kept: an unknown name or argument changes nothing.
+            tenant.processor = self._build_processor(tenant, config)
+            tenant.processor_config = config
         else:
             tenant.processor_config = {"name": type(processor).__name__, **kwargs}
             tenant.processor = processor
 
-    def _build_processor(self, tenant: Tenant):
+    def _build_processor(self, tenant: Tenant, config: dict[str, Any] | None = None):
         from twinkle.processor import get_processor
 
-        config = dict(tenant.processor_config or {"name": "InputProcessor"})
+        config = dict(config or tenant.processor_config or {"name": "InputProcessor"})
         name = config.pop("name")
         if config.get("pad_token_id") is None:
             config["pad_token_id"] = self._template_of(tenant).pad_token_id
-        return get_processor(name, **config)
+        try:
+            return get_processor(name, **config)
+        except (ValueError, TypeError) as exc:  # unknown name or argument: the caller's mistake
+            raise InvalidArgumentError(f"processor: {exc}") from None
 
     def set_loss(self, loss: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
         """Set the tenant's loss: a name (``'CrossEntropyLoss'``, ``'GRPOLoss'``, ...), class or instance."""
