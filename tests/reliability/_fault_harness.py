@@ -28,7 +28,7 @@ import yaml
 BASE = "tiny/qwen3"
 MODEL_ROUTE = f"/api/v1/model/{BASE}"
 KEYS = [f"fault-key-{i:02d}-secret" for i in range(8)]
-BIG_BATCH = (48, 256)  # rows, tokens: a step long enough (about 1 s) to be killed mid-way
+BIG_BATCH = (32, 192)  # rows, tokens: a step long enough (about 1 s) to be killed mid-way
 FUTURE_TIMEOUT_S = 150.0
 PROBE = [{"input_ids": list(range(40, 56)), "labels": list(range(40, 56))}]
 
@@ -391,14 +391,15 @@ def start_tenants(tenants: list[Tenant]) -> list[threading.Thread]:
 
 
 def kill_mid_training(
-    server: ServerProcess, tenants: list[Tenant], store: Any = None
+    server: ServerProcess, tenants: list[Tenant], store: Any = None, fault: Any = None
 ) -> tuple[float, dict[str, dict]]:
-    """SIGKILL the server while every tenant's interrupted step is in flight (each has a
-    checkpoint by then), and relaunch it.
+    """Inject ``fault`` (default: SIGKILL the server and relaunch it) while every tenant's
+    interrupted step is in flight (each has a checkpoint by then).
 
-    With ``store`` (the server's KVStore) the kill also waits until the Tinker tenants' futures
-    of that step are pending in it, so that the kill orphans them. Returns the seconds the server
-    was down and every tenant's records (:func:`management`) read before the kill.
+    With ``store`` (the server's KVStore) the fault also waits until the Tinker tenants' futures
+    of that step are pending in it, so that the fault orphans them. Returns the seconds from the
+    fault to the server being whole again, and every tenant's records (:func:`management`) read
+    before the fault.
     """
     wait_until(
         lambda: (
@@ -416,13 +417,22 @@ def kill_mid_training(
         owners = {tenant_of(t.report.key) for t in tenants if t.kind == "tinker"}
         wait_until(lambda: owners <= pending_owners(store), 30, "in-flight futures pending")
     killed = time.monotonic()
-    server.kill()
+    (fault or relaunch)(server, tenants, killed)
+    server.restarted.set()
+    return time.monotonic() - killed, before
+
+
+def mark_killed(tenants: list[Tenant], killed: float) -> None:
     for tenant in tenants:
         tenant.killed_at = killed
         tenant.killed.set()
+
+
+def relaunch(server: ServerProcess, tenants: list[Tenant], killed: float) -> None:
+    """The whole server SIGKILLed, then started again on the same config."""
+    server.kill()
+    mark_killed(tenants, killed)
     server.start()
-    server.restarted.set()
-    return time.monotonic() - killed, before
 
 
 def tenant_of(key: str) -> str:
@@ -464,3 +474,43 @@ def management(server: ServerProcess, key: str) -> dict[str, Any]:
         "sessions": sessions,
         "ckpt": checkpoints,
     }
+
+
+def check_recovered(server: ServerProcess, tenants, before: dict, lost: bool = True) -> None:
+    """The survival rules of every fault: records kept, in-flight calls ended with a clear
+    error, old checkpoints load with the same weights, adapters of a dead process reported lost
+    (``lost``; else they survived), every tenant at exactly its target step."""
+    import pytest
+
+    for tenant in tenants:
+        report = tenant.report
+        after = management(server, report.key)
+        # No session, run or checkpoint record lost.
+        assert set(before[report.key]["sessions"]) <= set(after["sessions"]), report.name
+        for run_id, paths in before[report.key]["ckpt"].items():
+            assert set(paths) <= set(after["ckpt"][run_id]), (report.name, run_id)
+        assert set(before[report.key]["runs"]) <= set(after["runs"])
+        # In-flight calls ended with an error, never a hang; a Tinker future says why.
+        assert not any("Timeout" in e for e in report.fault_errors), report.fault_errors
+        assert report.fault_errors or (not lost and tenant.kind == "tinker"), report.name
+        if lost and tenant.kind == "tinker":
+            assert any("stopped (restarted or killed)" in e for e in report.fault_errors), (
+                report.fault_errors
+            )
+        # The adapter that lived in the killed process is reported lost, never reset.
+        if lost:
+            assert report.lost_errors, f"{report.name} never saw the fault"
+            assert all("lost" in e and "restart" in e for e in report.lost_errors), (
+                report.lost_errors
+            )
+            first_run = report.run_ids[0]
+            assert after["runs"][first_run]["status"] == "lost", after["runs"][first_run]
+        else:
+            assert all("survived" in e for e in report.lost_errors), report.lost_errors
+        # Resumed from the checkpoint it had: same weights (same probe loss) as right after save.
+        for path, cur_step in report.resumed_from:
+            assert server.checkpoint_state(report.key, path)["cur_step"] == cur_step
+            assert report.probe_resumed[path] == pytest.approx(report.probe_at[path], rel=1e-5)
+        # Exactly the steps asked for, counted by the server's own checkpoint.
+        assert server.checkpoint_state(report.key, report.final_path)["cur_step"] == report.target
+        assert report.steps == report.target

@@ -30,10 +30,10 @@ from _fault_harness import (  # noqa: E402
     NativeTenant,
     ServerProcess,
     TinkerTenant,
+    check_recovered,
     file_persistence,
     finish,
     kill_mid_training,
-    management,
     redis_persistence,
     start_tenants,
 )
@@ -41,32 +41,7 @@ from inprocess import client as inprocess_client  # noqa: E402
 from inprocess import local_server  # noqa: E402
 from redis_fixture import redis_url  # noqa: E402,F401 - a fixture
 
-TARGET, EVERY = 6, 2
-
-
-def check_recovered(server: ServerProcess, tenants, before: dict) -> None:
-    """The survival rules of every fault: records kept, old checkpoints load with the same
-    weights, lost adapters reported as lost, every tenant at exactly its target step."""
-    for tenant in tenants:
-        report = tenant.report
-        after = management(server, report.key)
-        # No session, run or checkpoint record lost.
-        assert set(before[report.key]["sessions"]) <= set(after["sessions"]), report.name
-        for run_id, paths in before[report.key]["ckpt"].items():
-            assert set(paths) <= set(after["ckpt"][run_id]), (report.name, run_id)
-        assert set(before[report.key]["runs"]) <= set(after["runs"])
-        # The adapter that lived in the killed process is reported lost, never reset.
-        assert report.lost_errors, f"{report.name} never saw the fault"
-        assert all("lost" in e and "restart" in e for e in report.lost_errors), report.lost_errors
-        first_run = report.run_ids[0]
-        assert after["runs"][first_run]["status"] == "lost", after["runs"][first_run]
-        # Resumed from the checkpoint it had: same weights (same probe loss) as right after save.
-        for path, cur_step in report.resumed_from:
-            assert server.checkpoint_state(report.key, path)["cur_step"] == cur_step
-            assert report.probe_resumed[path] == pytest.approx(report.probe_at[path], rel=1e-5)
-        # Exactly the steps asked for, counted by the server's own checkpoint.
-        assert server.checkpoint_state(report.key, report.final_path)["cur_step"] == TARGET
-        assert report.steps == TARGET
+TARGET, EVERY = 4, 2
 
 
 @pytest.mark.integration
