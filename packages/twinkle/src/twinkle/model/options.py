@@ -44,6 +44,13 @@ class ExecutionOptions:
             process allocator: only a process owner (the server) applies it.
         cpu_threads: torch intra-op threads for the process that owns the model (the server's
             replicas); ``None`` leaves torch's own choice.
+        max_pass_tokens: Most padded tokens (rows x longest sequence) one fused training pass
+            holds: waiting tenants' batches are packed into passes up to it and their gradients
+            accumulate (bounds the step's activation memory). ``None``: the device's measured
+            default (:func:`twinkle.model.step.plan.pass_token_budget`); ``0``: no limit, every
+            tenant in one pass.
+        split_batches: A single tenant's batch over ``max_pass_tokens`` runs as row chunks (one
+            extra forward, the exact gradient) instead of whole in a pass of its own.
     """
 
     lora_kernel: LoraKernel = "auto"
@@ -54,6 +61,8 @@ class ExecutionOptions:
     fused_adam: bool = True
     malloc_tuning: bool = True
     cpu_threads: int | None = None
+    max_pass_tokens: int | None = None
+    split_batches: bool = False
 
     def __post_init__(self) -> None:
         if self.lora_kernel not in _KERNELS:
@@ -68,6 +77,11 @@ class ExecutionOptions:
             not isinstance(self.cpu_threads, int) or self.cpu_threads < 1
         ):
             raise ValueError(f"cpu_threads must be an integer >= 1, got {self.cpu_threads!r}")
+        value = self.max_pass_tokens
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or value < 0
+        ):
+            raise ValueError(f"max_pass_tokens must be an integer >= 0 or null, got {value!r}")
 
     @classmethod
     def from_env(

@@ -44,6 +44,9 @@ class ExecutionConfig(StrictModel):
     """torch CPU threads of each replica. Default: ``OMP_NUM_THREADS`` where the deployment's
     ``runtime_env`` sets it, else every core the replica may run on (Ray would give a replica with
     fractional ``num_cpus`` one thread)."""
+    max_pass_tokens: int | None = Field(default=None, ge=0)
+    """Most padded tokens one fused training pass holds (default: the device's; 0: no limit)."""
+    split_batches: bool | None = None
 
     def options(self) -> Any:
         """The ``ExecutionOptions`` these settings give (unset fields: defaults)."""

@@ -14,7 +14,8 @@ from twinkle.model import torch_compat
 from twinkle.model.lora import LoraRouter
 from twinkle.model.step.batch import TenantBatch
 from twinkle.model.step.loss import compute_loss, loss_of, public_output, record_train_metrics
-from twinkle.model.step.passes import forward_batches
+from twinkle.model.step.passes import ForwardState, forward_batches
+from twinkle.model.step.plan import Piece, can_split, pass_token_budget, plan_passes, rows_of
 from twinkle.model.tenant import Tenant
 
 
@@ -27,8 +28,11 @@ def fused_forward_backward(
     *,
     direct_weight_grads: bool,
     chunk_bytes: int | None = None,
+    max_pass_tokens: int | None = None,
+    split_batches: bool = False,
 ) -> dict[str, dict[str, Any]]:
-    """Forward, loss and backward of every batch in one pass over the base model.
+    """Forward, loss and backward of every batch, in as few base-model passes as the token
+    budget allows.
 
     Args:
         base_model: The shared base model, adapters injected.
@@ -40,6 +44,13 @@ def fused_forward_backward(
             tenants' flat gradient buffers where that gives what autograd would (see
             ``LoraRouter.direct_weight_grads``); ``False`` always leaves it to autograd.
         chunk_bytes: ``ExecutionOptions.logprob_chunk_bytes`` (see ``token_logprobs``).
+        max_pass_tokens: ``ExecutionOptions.max_pass_tokens``: most padded tokens one pass
+            holds (``None``: the device's default, ``0``: every batch in one pass). Whole batches
+            are packed into passes (:func:`~twinkle.model.step.plan.plan_passes`).
+        split_batches: A batch over the budget runs as row chunks (else whole, alone): a no-grad pass per chunk gives its full
+            log-probs, its loss's gradient with respect to them is taken on the whole batch, and
+            a pass per chunk backpropagates that gradient, so any loss (sequence-level, grouped,
+            paired) gets exactly the gradient of one pass, at one extra forward.
 
     Returns:
         ``{tenant name: {'loss', 'logprobs', 'num_tokens', 'metrics'}}``. Each tenant's ``.grad``
@@ -53,32 +64,118 @@ def fused_forward_backward(
         raise InvalidArgumentError("forward_backward_many needs at least one request")
     direct = _direct_grads_ok(tenants, direct_weight_grads)
     losses = [loss_of(batch, tenant) for batch, tenant in zip(batches, tenants)]
-    with router.direct_weight_grads() if direct else nullcontext():
-        states = forward_batches(
-            base_model, router, device, batches, losses, grad=True, chunk_bytes=chunk_bytes
-        )
-    total = None
-    for state, tenant, loss in zip(states, tenants, losses):
-        compute_loss(state, loss)
-        scaled = state.loss_output.loss / tenant.gradient_accumulation_steps
-        total = scaled if total is None else total + scaled
-    _refuse_non_finite(total, states)
-    # Attached here, not before the forward, so that a request that fails leaves .grad as it
-    # was; a direct pass found them attached already.
-    if not direct:
-        attach_grads(tenants)
-    saved = _save_grads(tenants)
+    splittable = [
+        split_batches and can_split(b, t.spec.lora_dropout if t.spec is not None else 0.0)
+        for b, t in zip(batches, tenants)
+    ]
+    budget = pass_token_budget(max_pass_tokens, base_model, device)
+    plan = plan_passes(batches, budget, splittable)
+    ctx = router.direct_weight_grads if direct else nullcontext
+    states: list[Any] = [None] * len(batches)
+    saved = None
     try:
-        total.backward()
+        for pieces in plan:
+            if pieces[0].whole:
+                idx = [p.index for p in pieces]
+                sub = [tenants[i] for i in idx]
+                with ctx():
+                    done = forward_batches(
+                        base_model,
+                        router,
+                        device,
+                        [batches[i] for i in idx],
+                        [losses[i] for i in idx],
+                        grad=True,
+                        chunk_bytes=chunk_bytes,
+                    )
+                total = None
+                for state, tenant, i in zip(done, sub, idx):
+                    compute_loss(state, losses[i])
+                    scaled = state.loss_output.loss / tenant.gradient_accumulation_steps
+                    total = scaled if total is None else total + scaled
+                    states[i] = state
+                _refuse_non_finite(total, done)
+            else:
+                i = pieces[0].index
+                if states[i] is not None:
+                    continue  # every chunk of this batch ran with its first piece
+                chunks = [p for p in plan if p[0].index == i and not p[0].whole]
+                states[i], total, backward = _split_loss(
+                    base_model,
+                    router,
+                    device,
+                    batches[i],
+                    tenants[i],
+                    losses[i],
+                    [c[0] for c in chunks],
+                    chunk_bytes,
+                    ctx,
+                )
+            # Attached here, not before the first forward, so that a request that fails
+            # before any backward leaves .grad untouched; a direct pass found them attached.
+            if saved is None:
+                if not direct:
+                    attach_grads(tenants)
+                saved = _save_grads(tenants)
+            if pieces[0].whole:
+                total.backward()
+            else:
+                backward()
     except BaseException:
-        # A backward that fails half way (out of memory, a loss's own backward) has added some
-        # layers' gradients already: put every tenant's back, so that the caller's rerun of each
-        # tenant alone adds its gradient exactly once.
-        _restore_grads(tenants, saved)
+        # A backward that fails half way (out of memory, a loss's own backward, a later pass's
+        # loss) has added some gradients already: put every tenant's back, so that the caller's
+        # rerun of each tenant alone adds its gradient exactly once.
+        if saved is not None:
+            _restore_grads(tenants, saved)
         raise
     for state, tenant in zip(states, tenants):
         record_train_metrics(tenant, state)
     return {state.batch.tenant: public_output(state) for state in states}
+
+
+def _split_loss(
+    base_model: torch.nn.Module,
+    router: LoraRouter,
+    device: torch.device,
+    batch: TenantBatch,
+    tenant: Tenant,
+    loss: Any,
+    chunks: Sequence[Piece],
+    chunk_bytes: int | None,
+    ctx: Any,
+) -> tuple[ForwardState, torch.Tensor, Any]:
+    """One batch too large for a pass: its loss on the whole batch from no-grad chunk passes,
+    and a ``backward()`` that reruns each chunk with gradients and backpropagates the loss's
+    gradient with respect to that chunk's log-probs (exact for any loss of the log-probs)."""
+    parts = [rows_of(batch, c.start, c.stop) for c in chunks]
+    with torch.no_grad():
+        done = [
+            forward_batches(
+                base_model, router, device, [p], [loss], grad=False, chunk_bytes=chunk_bytes
+            )[0]
+            for p in parts
+        ]
+    state = ForwardState(batch)
+    state.logprobs = torch.cat([d.logprobs for d in done]).requires_grad_(True)
+    if done[0].ref_logprobs is not None:
+        state.ref_logprobs = torch.cat([d.ref_logprobs for d in done])
+    state.correct = sum(d.correct for d in done)
+    with torch.enable_grad():
+        compute_loss(state, loss)
+        total = state.loss_output.loss / tenant.gradient_accumulation_steps
+    _refuse_non_finite(total, [state])
+    (grad,) = torch.autograd.grad(total, state.logprobs)
+    state.logprobs = state.logprobs.detach()
+
+    def backward() -> None:
+        for chunk, part in zip(chunks, parts):
+            with ctx():
+                (again,) = forward_batches(
+                    base_model, router, device, [part], [None], grad=True, chunk_bytes=chunk_bytes
+                )
+            (again.logprobs * grad[chunk.start : chunk.stop]).sum().backward()
+
+    return state, total, backward
 
 
 def _refuse_non_finite(total: torch.Tensor, states: Sequence[Any]) -> None:

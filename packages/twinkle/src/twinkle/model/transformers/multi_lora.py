@@ -408,6 +408,8 @@ class MultiLoraTransformersModel:
             tenants,
             direct_weight_grads=self.direct_weight_grads,
             chunk_bytes=self.options.logprob_chunk_bytes,
+            max_pass_tokens=self.options.max_pass_tokens,
+            split_batches=self.options.split_batches,
         )
 
     def forward_only(

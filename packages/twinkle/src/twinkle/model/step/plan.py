@@ -1,0 +1,143 @@
+"""How many passes a fused step takes: tenants' batches grouped by a token budget.
+
+One pass over every waiting tenant's rows holds all their activations at once (peak memory grows
+with the tenants' combined rows, not with one tenant's). :func:`plan_passes` packs whole batches
+into passes of at most ``max_tokens`` padded tokens (rows times the pass's longest sequence) in
+the order given; a batch that alone exceeds the budget is cut into row chunks that each fit (see
+``fused.py`` for how such a tenant's loss stays exact). :func:`pass_token_budget` is the budget
+when ``ExecutionOptions.max_pass_tokens`` leaves it to the device.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from twinkle.model.step.batch import IMAGE_KEYS, TenantBatch
+
+#: The CPU budget, in padded tokens per pass. Measured on the ~25M model (tiny://qwen3.5-25m,
+#: 8 tenants x 4 rows x 128 tokens, 2 cores; tools/pass_budget.py, docs/performance.md): passes
+#: of 1024 tokens ran as fast as one 4096-token pass and held less than half its peak memory.
+CPU_PASS_TOKENS = 1024
+#: Share of the free device memory a GPU pass's activations may take.
+GPU_FREE_FRACTION = 0.5
+GPU_MIN_TOKENS, GPU_MAX_TOKENS = 2048, 1 << 20
+
+_budgets: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Rows ``[start, stop)`` of batch ``index``; ``whole`` when they are all its rows."""
+
+    index: int
+    start: int
+    stop: int
+    whole: bool
+
+
+def plan_passes(
+    batches: Sequence[TenantBatch], max_tokens: int | None, splittable: Sequence[bool]
+) -> list[list[Piece]]:
+    """Passes over ``batches``: each a list of pieces whose padded tokens fit ``max_tokens``
+    (``None``: one pass). A batch over the budget that ``splittable[i]`` allows to be cut runs
+    as row chunks, each a pass of its own; one that may not be cut runs whole, alone."""
+    if max_tokens is None:
+        return [[Piece(i, 0, b.num_samples, True) for i, b in enumerate(batches)]]
+    passes: list[list[Piece]] = []
+    current: list[Piece] = []
+    rows = seq = 0
+    for i, batch in enumerate(batches):
+        b_rows, b_seq = batch.num_samples, batch.tensors["input_ids"].shape[1]
+        if (rows + b_rows) * max(seq, b_seq) <= max_tokens:
+            current.append(Piece(i, 0, b_rows, True))
+            rows, seq = rows + b_rows, max(seq, b_seq)
+            continue
+        if current:
+            passes.append(current)
+            current, rows, seq = [], 0, 0
+        if b_rows * b_seq <= max_tokens:
+            current, rows, seq = [Piece(i, 0, b_rows, True)], b_rows, b_seq
+        elif splittable[i] and b_rows > 1:
+            step = max(1, max_tokens // max(1, b_seq))
+            for start in range(0, b_rows, step):
+                passes.append([Piece(i, start, min(b_rows, start + step), False)])
+        else:
+            passes.append([Piece(i, 0, b_rows, True)])
+    if current:
+        passes.append(current)
+    return passes
+
+
+def can_split(batch: TenantBatch, lora_dropout: float) -> bool:
+    """Whether ``batch``'s rows may run in separate passes: every tensor is per row (no image
+    inputs, which are packed over images, not rows) and the adapter draws no dropout (a second
+    pass over the same rows must give the same function)."""
+    if lora_dropout > 0 or any(k in batch.tensors for k in IMAGE_KEYS):
+        return False
+    rows = batch.num_samples
+    tensors = [*batch.tensors.values(), *(v for v in batch.extras.values() if v is not None)]
+    return all(t.dim() >= 1 and t.shape[0] == rows for t in tensors)
+
+
+def rows_of(batch: TenantBatch, start: int, stop: int) -> TenantBatch:
+    """Rows ``[start, stop)`` of ``batch`` (same sequence length), for a chunk's pass."""
+    return TenantBatch(
+        tenant=batch.tenant,
+        tensors={k: v[start:stop] for k, v in batch.tensors.items()},
+        targets=batch.targets[start:stop],
+        mask=batch.mask[start:stop],
+        extras={k: (None if v is None else v[start:stop]) for k, v in batch.extras.items()},
+        alignment=batch.alignment,
+        num_samples=stop - start,
+        loss_kwargs=batch.loss_kwargs,
+        loss=batch.loss,
+    )
+
+
+def pass_token_budget(
+    configured: int | None, base_model: torch.nn.Module, device: torch.device
+) -> int | None:
+    """``configured`` (``ExecutionOptions.max_pass_tokens``), else the device's default:
+    :data:`CPU_PASS_TOKENS` on a CPU; on a GPU, what :data:`GPU_FREE_FRACTION` of the memory free
+    at the first step holds at the model's activation size per token (computed once per model).
+    ``None`` when ``configured`` is 0 (no limit)."""
+    if configured is not None:
+        return configured or None
+    if device.type != "cuda":
+        return CPU_PASS_TOKENS
+    budget = _budgets.get(base_model)
+    if budget is None:
+        free, _ = torch.cuda.mem_get_info(device)
+        per_token = activation_bytes_per_token(base_model)
+        budget = int(free * GPU_FREE_FRACTION // per_token)
+        budget = min(GPU_MAX_TOKENS, max(GPU_MIN_TOKENS, budget))
+        _budgets[base_model] = budget
+    return budget
+
+
+def activation_bytes_per_token(base_model: torch.nn.Module) -> int:
+    """Bytes a training pass keeps per token: about 34 hidden-size values per layer in the
+    weights' dtype (Korthikanti et al., 2022, without recomputation), plus the fp32 logits, their
+    log-softmax and gradient over the vocabulary."""
+    config = getattr(base_model, "config", None)
+    text = getattr(config, "text_config", None) or config
+    hidden = int(getattr(text, "hidden_size", 1024))
+    layers = int(getattr(text, "num_hidden_layers", 24))
+    vocab = int(getattr(text, "vocab_size", 32000))
+    dtype_bytes = next(base_model.parameters()).element_size()
+    return 34 * hidden * layers * dtype_bytes + 3 * 4 * vocab
+
+
+__all__ = [
+    "CPU_PASS_TOKENS",
+    "Piece",
+    "activation_bytes_per_token",
+    "can_split",
+    "pass_token_budget",
+    "plan_passes",
+    "rows_of",
+]
