@@ -20,6 +20,8 @@ from twinkle.server.request_ids import current_request_id, new_request_id
 logger = get_logger(__name__)
 
 OUT_OF_MEMORY_RETRY_S = 5.0
+#: Seconds a client waits when no adapter slot is free (all resident adapters busy).
+ADAPTER_CAPACITY_RETRY_S = 1.0
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
@@ -143,6 +145,9 @@ def from_exception(exc: BaseException, *, request_id: str | None = None) -> Serv
     user = _user_error(exc)
     if user is not None:
         return user
+    if any(c.__name__ == "AdapterCapacityError" for c in type(exc).__mro__):
+        # twinkle.model.paging: every resident adapter busy, or paging storage full.
+        return AtCapacity(f"{exc}; retry later", retry_after=ADAPTER_CAPACITY_RETRY_S)
     rid = request_id or current_request_id() or new_request_id()
     if is_out_of_memory(exc):
         error: ServiceError = OutOfMemory(

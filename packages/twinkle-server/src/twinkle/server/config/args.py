@@ -139,6 +139,14 @@ class ModelArgs(_PlacedArgs):
     queue_config: QueueConfig = Field(default_factory=QueueConfig)
     adapter_config: AdapterConfig = Field(default_factory=AdapterConfig)
     max_loras: int = Field(default=8, ge=1)
+    """Adapters on the device at once; with ``adapter_paging`` more may be registered."""
+    adapter_paging: Literal["host", "storage", "off"] = "host"
+    """Where idle adapters go when more than ``max_loras`` are registered: host memory, the
+    storage directory, or nowhere (``off``: ``max_loras`` is a wall, 503 past it)."""
+    max_paged_adapters: int | None = Field(default=None, ge=0)
+    """Adapters paged out at once (None: as many as host memory and storage hold)."""
+    max_paged_host_mb: float | None = Field(default=None, gt=0)
+    """Host memory paged adapters may hold; past it they go to storage (None: unbounded)."""
     max_lora_rank: int = Field(default=64, ge=1)
     torch_dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = None
     execution: ExecutionConfig = Field(default_factory=ExecutionConfig)

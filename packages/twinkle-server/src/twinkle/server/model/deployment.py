@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 from ray import serve
@@ -75,6 +76,12 @@ def build_service(app_config: ApplicationConfig, context) -> ModelService:
         executor=executor,
         operations=native_operations() + tinker_operations(),
         hub=HubPublisher.from_config(context.config.hub),
+        adapter_paging=args.adapter_paging,
+        max_paged_adapters=args.max_paged_adapters,
+        paging_storage=Path(context.storage_root) / "paging" / base_model_name(args.model_id),
+        max_paged_host_bytes=(
+            int(args.max_paged_host_mb * 2**20) if args.max_paged_host_mb is not None else None
+        ),
     )
     metrics.watch(service)
     return service

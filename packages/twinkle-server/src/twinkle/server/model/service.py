@@ -68,7 +68,13 @@ class ModelService:
         model: The backend model (``MultiLoraTransformersModel`` or ``MockModel``).
         base_model: The name clients use for it (``tiny/qwen3.5``, ``Qwen/Qwen3.5-4B``).
         registry: Where runs and checkpoints are recorded.
-        max_loras: Adapters the model holds at once; more -> :class:`AtCapacity`.
+        max_loras: Adapters the model holds on its device at once. Without paging more ->
+            :class:`AtCapacity`; with paging, the least recently used idle ones are paged out.
+        adapter_paging: ``off``, ``host`` or ``storage`` (see :mod:`twinkle.model.paging`);
+            ``off`` also for a backend that cannot page (the mock, Megatron).
+        max_paged_adapters: Adapters paged out at once (None: as many as storage holds).
+        paging_storage: Directory for paged adapters (mode ``storage``, or host overflow).
+        max_paged_host_bytes: Host memory paged adapters may hold (None: unbounded).
         max_lora_rank: Largest rank accepted.
         per_token_model_limit: Adapters one API key may hold server-wide.
         adapter_timeout: Seconds of idleness after which an adapter is unloaded.
@@ -103,6 +109,10 @@ class ModelService:
         fuse_wait_s: float = 0.02,
         operations: OperationTable | None = None,
         hub: HubPublisher | None = None,
+        adapter_paging: str = "off",
+        max_paged_adapters: int | None = None,
+        paging_storage: Any = None,
+        max_paged_host_bytes: int | None = None,
     ) -> None:
         self.model = model
         self.hub = hub or HubPublisher()
@@ -120,15 +130,28 @@ class ModelService:
         self.unloaded: dict[str, str] = {}  # internal name -> why
         # Runs created before this service started live in no process any more (lost).
         self.started_at = clock()
+        self.paging = adapter_paging != "off" and hasattr(model, "enable_paging")
+        self.max_paged_adapters = max_paged_adapters if self.paging else 0
         self.scheduler = FairScheduler(
             self._run_single,
             self._run_fused,
-            max_fused=max_fused,
+            # One fused pass holds its tenants on the device together.
+            max_fused=min(max_fused, max_loras) if self.paging else max_fused,
             on_done=on_task_done,
             executor=executor,
             fuse_wait_s=fuse_wait_s,
             fusable=self._fusable(),
         )
+        if self.paging:
+            # A tenant with a call queued is about to run: never paged out for another.
+            model.enable_paging(
+                max_loras,
+                mode=adapter_paging,
+                storage_dir=paging_storage,
+                max_host_bytes=max_paged_host_bytes,
+                max_paged=max_paged_adapters,
+                busy=lambda name: self.scheduler.depth(name) > 0,
+            )
 
     def _fusable(self) -> tuple[str, ...]:
         """The kinds the scheduler may fuse: what the backend declares it can run together."""
@@ -254,9 +277,13 @@ class ModelService:
                 f"this API key already holds {self.per_token_model_limit} adapters (per_token_model_limit); "
                 "remove one first"
             )
-        if len(self.adapters) >= self.max_loras:
+        if self.max_paged_adapters is None:
+            return  # paged adapters bounded by storage only: the model says when it is full
+        if len(self.adapters) >= self.max_loras + self.max_paged_adapters:
+            paged = f", max_paged_adapters={self.max_paged_adapters}" if self.paging else ""
             raise AtCapacity(
-                f"model {self.base_model} is at capacity (max_loras={self.max_loras}); retry later",
+                f"model {self.base_model} is at capacity (max_loras={self.max_loras}{paged}); "
+                "retry later",
                 retry_after=5.0,
             )
 
@@ -380,6 +407,7 @@ class ModelService:
             "base_model": self.base_model,
             "adapters": len(self.adapters),
             "max_loras": self.max_loras,
+            "paging": self.model.pager.describe() if self.paging else None,
             "queue_depth": self.scheduler.depth(),
             "fused_passes": self.scheduler.fused_passes,
             "fused_steps": self.scheduler.fused_steps,
