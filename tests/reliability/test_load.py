@@ -103,8 +103,6 @@ def test_mixed_tenants_finish_exactly_their_steps_under_rate_limits(bench):
     # Each refusal of a twinkle_client call reached it as an HTTP 429, which it retried.
     assert summary["http_429"] == twinkle_refusals
     assert summary["model_rate_limit_rejections"] == sum(t["refused_model"] for t in tenants)
-    # RL samples through the sampler's own limiter, refused too.
-    assert next(t for t in tenants if t["kind"] == "tinker_rl")["refused_sampler"] > 0
     for tenant in tenants:  # nobody beats the limit (the first call is the bucket's burst)
         assert tenant["steps_per_s"] <= RPS_LIMIT * STEPS / (STEPS - 1) * 1.05, tenant
     ops = {(r["kind"], r["op"]): r for r in records if r["record"] == "op"}
