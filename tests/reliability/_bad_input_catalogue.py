@@ -460,9 +460,57 @@ def _common_cases() -> list[Case]:
     return cases
 
 
+def fixed_defects() -> list[Case]:
+    """500s found by this catalogue or by the schema fuzzer (tests/reliability/
+    test_fuzz_schemas.py), each kept here once fixed."""
+    features = {"adapter_name": "default", "inputs": [{"input_ids": [1, 2, 3], "labels": [1]}]}
+    cases = [
+        # InputFeature's ValueError on the model's thread
+        Case(
+            "native forward_backward labels shorter than input_ids",
+            "POST",
+            f"{MODEL}/forward_backward",
+            ("labels",),
+            json=features,
+        ),
+        # an IndexError in the torch sampler's forward pass
+        Case(
+            "native sample token out of vocab",
+            "POST",
+            f"{SAMPLER}/sample",
+            ("token", "vocab", "input"),
+            json={"inputs": [[10**9]]},
+        ),
+        Case(
+            "native sample negative token",
+            "POST",
+            f"{SAMPLER}/sample",
+            ("token", "vocab", "input"),
+            json={"inputs": [[5, -1]]},
+        ),
+    ]
+    # the processor registry's ValueError/TypeError on the model's thread (fuzzer)
+    for label, body in (
+        ("empty name", {"processor": ""}),
+        ("unknown name", {"processor": "os.system"}),
+        ("unknown argument", {"processor": "InputProcessor", "no_such_arg": 1}),
+    ):
+        cases.append(
+            Case(
+                f"set_processor {label}",
+                "POST",
+                f"{MODEL}/set_processor",
+                ("processor",),
+                json={"adapter_name": "default", **body},
+            )
+        )
+    return cases
+
+
 def common_catalogue() -> list[Case]:
     return (
-        _malformed_bodies()
+        fixed_defects()
+        + _malformed_bodies()
         + _sampling_cases()
         + _protobuf_cases()
         + _tinker_json_cases()

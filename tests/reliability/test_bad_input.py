@@ -174,28 +174,6 @@ def catalogue() -> list[Case]:
     return common_catalogue() + _native_cases()
 
 
-def known_open() -> list[Case]:
-    """Found by this catalogue and not fixed yet (a 500 from the library on the model's or the
-    sampler's thread; the files are being edited by other work): the strict xfail below fails
-    as soon as they are fixed, so that they move into the catalogue."""
-    return [
-        Case(
-            "native forward_backward labels shorter than input_ids",
-            "POST",
-            f"{MODEL}/forward_backward",
-            ("labels",),
-            json={"adapter_name": "default", "inputs": [{"input_ids": [1, 2, 3], "labels": [1]}]},
-        ),
-        Case(
-            "native sample token out of vocab",
-            "POST",
-            f"{SAMPLER}/sample",
-            ("token", "vocab", "input"),
-            json={"inputs": [[10**9]]},
-        ),
-    ]
-
-
 def _report(outcomes) -> str:
     bad = [o for o in outcomes if o.problems]
     lines = [f"{len(bad)} of {len(outcomes)} bad-input cases failed:"]
@@ -253,12 +231,6 @@ def test_a_symlink_planted_in_storage_does_not_reach_another_tenant():
         assert not [o for o in outcomes if o.problems], _report(outcomes)
     finally:
         link.unlink()
-
-
-@pytest.mark.xfail(strict=True, reason="known open defects: see known_open()")
-def test_known_open_defects_are_still_open():
-    outcomes = asyncio.run(_run(world(), known_open()))
-    assert not [o for o in outcomes if o.problems], _report(outcomes)
 
 
 async def _run(w, cases):
