@@ -19,16 +19,50 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json")
+        dumped = value.model_dump(mode="json")
+        return inline_images(dumped) if isinstance(dumped, dict) else dumped
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return jsonable(dataclasses.asdict(value))
     if isinstance(value, Mapping):
+        if "messages" in value:
+            value = inline_images(value)
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, range)):
         return [jsonable(v) for v in value]
     if hasattr(value, "tolist"):  # a torch tensor, without importing torch
         return value.tolist()
     return value
+
+
+def inline_images(trajectory: Mapping[str, Any]) -> dict[str, Any]:
+    """``trajectory`` with every image part's image as a data URI: a local path is read here
+    (the server never reads a client's path), bytes and PIL images are encoded. The images
+    travel inside the request; the server validates them (size, decoding, pixel count).
+
+    Raises:
+        ValueError: An image part whose image cannot be read (no such file, bad base64, a URL).
+    """
+    from twinkle_client.data_format._content import ImagePart, image_data_uri
+
+    messages = trajectory.get("messages")
+    if not isinstance(messages, list):
+        return dict(trajectory)
+    out = []
+    for message in messages:
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if isinstance(part, Mapping) and part.get("type") == "image":
+                    image = ImagePart.model_validate(dict(part))
+                    value = image.image
+                    if not (isinstance(value, str) and value.startswith("data:")):
+                        value = image_data_uri(image.image_bytes())
+                    part = {"type": "image", "image": value}
+                parts.append(part)
+            message = {**message, "content": parts}
+        out.append(message)
+    return {**trajectory, "messages": out}
 
 
 def training_inputs(inputs: Any) -> list[dict[str, Any]]:
@@ -58,7 +92,7 @@ def _is_one_sample(value: Any) -> bool:
 
 def _sample(item: Any, index: int) -> dict[str, Any]:
     if hasattr(item, "messages") and hasattr(item, "model_dump"):
-        return item.model_dump(mode="json")
+        return inline_images(item.model_dump(mode="json"))
     if hasattr(item, "sequences") and hasattr(item, "features"):
         features = item.features()
         if len(features) != 1:
@@ -75,7 +109,7 @@ def _sample(item: Any, index: int) -> dict[str, Any]:
             )
         if "input_ids" not in item and "messages" not in item:
             raise ValueError(f"inputs[{index}] has neither input_ids nor messages")
-        return {str(k): jsonable(v) for k, v in item.items()}
+        return jsonable(dict(item))
     raise TypeError(
         f"inputs[{index}] is a {type(item).__name__}: expected an InputFeature/dict, a Trajectory "
         "or a SampleResult"

@@ -15,6 +15,7 @@ import numpy as np
 from twinkle.model.protocol import AdamParams
 from twinkle.server.encoding import jsonable
 from twinkle.server.errors import BadRequest
+from twinkle.server.images import check_request_images
 from twinkle.server.model import protocol as p
 from twinkle.server.model.adapter_upload import upload_adapter
 from twinkle.server.model.protocol import Call, Operation, OperationTable
@@ -24,14 +25,17 @@ if TYPE_CHECKING:
     from twinkle.server.model.service import ModelService
 
 _LOSS_EXTRAS = ("advantages", "old_logprobs", "ref_logprobs", "weights")
+_FLOAT_KEYS = (*_LOSS_EXTRAS, "pixel_values")
 
 
 def decode_inputs(inputs: Any) -> list[Any]:
-    """Wire inputs -> what the model takes: features get numpy arrays, trajectories stay dicts."""
+    """Wire inputs -> what the model takes: features get numpy arrays, trajectories stay dicts.
+    Images are checked first (``twinkle.server.images``): a bad one is a 400, nothing runs."""
     if isinstance(inputs, dict):
         inputs = [inputs]
     if not isinstance(inputs, list) or not inputs:
         raise BadRequest("inputs must be a non-empty list of features or trajectories")
+    check_request_images(inputs)
     decoded = []
     for i, item in enumerate(inputs):
         if not isinstance(item, dict):
@@ -51,7 +55,7 @@ def _decode_feature(i: int, item: dict[str, Any]) -> dict[str, Any]:
         if isinstance(value, list):
             try:
                 feature[key] = np.asarray(
-                    value, dtype=np.float32 if key in _LOSS_EXTRAS else np.int64
+                    value, dtype=np.float32 if key in _FLOAT_KEYS else np.int64
                 )
             except (TypeError, ValueError, OverflowError) as exc:
                 raise BadRequest(f"inputs[{i}].{key}: not a list of numbers") from exc

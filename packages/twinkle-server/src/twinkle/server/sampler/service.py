@@ -9,6 +9,7 @@ from typing import Any
 
 from twinkle.server.encoding import jsonable
 from twinkle.server.errors import BadRequest, NotFound, from_exception
+from twinkle.server.images import check_request_images
 from twinkle.server.model.ratelimit import RateLimiter
 from twinkle_client.sampler.types import SamplingParams
 
@@ -92,6 +93,7 @@ class SamplerService:
             raise BadRequest(
                 "inputs must be a non-empty list of trajectories, features or token-id lists"
             )
+        check_request_images(inputs)
         tokens = sum(
             len(x)
             if isinstance(x, list)
