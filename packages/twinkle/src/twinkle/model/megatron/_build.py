@@ -46,6 +46,24 @@ def check_supported(hf_config: Any, model_id: str) -> None:
         raise ValueError(f"backend 'megatron': {model_id} has non-full-attention (sliding) layers")
 
 
+def check_tp(hf_config: Any, model_id: str, tp_size: int) -> None:
+    """Refuse a tensor-parallel size the model's shapes do not divide by (megatron splits heads,
+    query groups, the MLP width and the vocabulary evenly).
+
+    Raises:
+        ValueError: Naming the first size that does not divide.
+    """
+    if tp_size < 1:
+        raise ValueError(f"tp_size must be >= 1, got {tp_size}")
+    for field in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size"):
+        value = getattr(hf_config, field)
+        if value % tp_size:
+            raise ValueError(
+                f"backend 'megatron': tp_size {tp_size} does not divide {model_id}'s {field} "
+                f"({value})"
+            )
+
+
 class _NoopRngTracker:
     """Stands in for megatron's CUDA RNG tracker on CPU (dropout is 0: nothing is drawn)."""
 
@@ -94,8 +112,12 @@ def quiet_megatron_warnings() -> None:
         warnings.filterwarnings("ignore", message=message, module="megatron")
 
 
-def init_megatron(device: torch.device, seed: int = 0) -> None:
-    """A one-process world (gloo on CPU, nccl on CUDA) and tp = pp = 1 model parallel groups."""
+def init_megatron(device: torch.device, seed: int = 0, tp_size: int = 1) -> None:
+    """Megatron's parallel state with tensor parallel size ``tp_size``.
+
+    A worker of :class:`~twinkle.model.megatron.parallel.ParallelMegatronModel` has joined its
+    process group already; a lone process gets a one-process world (gloo on CPU, nccl on CUDA).
+    """
     quiet_megatron_warnings()
     import torch.distributed as dist
     from megatron.core import parallel_state
@@ -112,9 +134,12 @@ def init_megatron(device: torch.device, seed: int = 0) -> None:
             rank=0,
         )
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(1, 1)
-    if parallel_state.get_tensor_model_parallel_world_size() != 1:
-        raise RuntimeError("backend 'megatron' loads HF weights for tensor parallel size 1 only")
+        parallel_state.initialize_model_parallel(tp_size, 1)
+    if parallel_state.get_tensor_model_parallel_world_size() != tp_size:
+        raise RuntimeError(
+            f"megatron parallel state has tp "
+            f"{parallel_state.get_tensor_model_parallel_world_size()}, the model asks {tp_size}"
+        )
     if device.type == "cpu" and not torch.cuda.is_available():
         mrandom._CUDA_RNG_STATE_TRACKER = _NoopRngTracker()
         mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
@@ -171,6 +196,9 @@ def build_gpt(hf_config: Any, dtype: torch.dtype):
         position_embedding_type="rope",
         rotary_base=theta,
         share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings),
+        # Logits gathered over the vocab shards: every tp rank computes each tenant's loss
+        # exactly as one process does (the gather's backward hands each rank its slice).
+        parallel_output=False,
     )
 
 
@@ -196,8 +224,42 @@ def qkv_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int) -
     ).reshape(-1, *rest)
 
 
-def load_hf_weights(gpt: torch.nn.Module, hf: dict[str, torch.Tensor], hf_config: Any) -> None:
-    """Copy a Qwen3 HF state dict into ``gpt``; every megatron parameter must be filled.
+def tp_shard(value: torch.Tensor, dim: int, tp_size: int, tp_rank: int) -> torch.Tensor:
+    """This rank's contiguous slice of ``value`` along ``dim``, as megatron shards its linears."""
+    if value.shape[dim] % tp_size:
+        raise ValueError(f"dim {dim} of shape {tuple(value.shape)} does not divide by tp {tp_size}")
+    return value.chunk(tp_size, dim)[tp_rank]
+
+
+#: How each megatron parameter is split over tensor-parallel ranks: the dim, or None (replicated).
+#: Column-parallel linears (qkv, fc1) and the vocab-parallel embedding split their output rows,
+#: row-parallel ones (proj, fc2) their input columns; norms are replicated.
+TP_SPLIT_DIM = {
+    "embedding.word_embeddings.weight": 0,
+    "output_layer.weight": 0,
+    "linear_qkv.weight": 0,
+    "linear_qkv.bias": 0,
+    "linear_proj.weight": 1,
+    "linear_fc2.weight": 1,
+}
+
+
+def _split_dim(name: str) -> int | None:
+    for suffix, dim in TP_SPLIT_DIM.items():
+        if name.endswith(suffix):
+            return dim
+    return None
+
+
+def load_hf_weights(
+    gpt: torch.nn.Module,
+    hf: dict[str, torch.Tensor],
+    hf_config: Any,
+    tp_size: int = 1,
+    tp_rank: int = 0,
+) -> None:
+    """Copy a Qwen3 HF state dict into ``gpt`` (this tp rank's shards); every megatron parameter
+    must be filled.
 
     Raises:
         ValueError: On a missing HF tensor, a shape mismatch or an unfilled megatron parameter.
@@ -222,8 +284,12 @@ def load_hf_weights(gpt: torch.nn.Module, hf: dict[str, torch.Tensor], hf_config
                 dst + "self_attention.k_layernorm.weight": hf[attn + "k_norm.weight"],
                 dst + "self_attention.linear_proj.weight": hf[attn + "o_proj.weight"],
                 dst + "pre_mlp_layernorm.weight": hf[src + "post_attention_layernorm.weight"],
+                # fc1 is [gate | up] per rank: each rank holds its slice of both halves.
                 dst + "mlp.linear_fc1.weight": torch.cat(
-                    [hf[mlp + "gate_proj.weight"], hf[mlp + "up_proj.weight"]]
+                    [
+                        tp_shard(hf[mlp + "gate_proj.weight"], 0, tp_size, tp_rank),
+                        tp_shard(hf[mlp + "up_proj.weight"], 0, tp_size, tp_rank),
+                    ]
                 ),
                 dst + "mlp.linear_fc2.weight": hf[mlp + "down_proj.weight"],
             }
@@ -242,6 +308,9 @@ def load_hf_weights(gpt: torch.nn.Module, hf: dict[str, torch.Tensor], hf_config
     with torch.no_grad():
         for name, value in target.items():
             param = params[name]
+            dim = _split_dim(name)
+            if dim is not None and tp_size > 1:
+                value = tp_shard(value, dim, tp_size, tp_rank)
             if tuple(param.shape) != tuple(value.shape):
                 raise ValueError(
                     f"{name}: HF shape {tuple(value.shape)} != megatron {tuple(param.shape)}"

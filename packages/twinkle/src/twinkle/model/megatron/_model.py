@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from twinkle.model.lora import LoraRouter, MultiLoraLinear
+from twinkle.model.megatron import _tp_lora
 from twinkle.model.megatron._build import cpu_shims
 
 
@@ -77,7 +78,8 @@ class _HFView(nn.Module):
 
 
 class _LoraParallelLinear(nn.Module):
-    """A megatron Column/RowParallelLinear (tp 1) plus the LoRA deltas of its HF parts.
+    """A megatron Column/RowParallelLinear plus the LoRA deltas of its HF parts (tp > 1: see
+    :mod:`~twinkle.model.megatron._tp_lora`).
 
     Megatron activations are ``[seq, batch, hidden]``: rows (tenants' sequences) are dim 1, so the
     input is viewed batch-first for the op (``MultiLoraLinear.lora_delta``) and the delta turned
@@ -85,37 +87,50 @@ class _LoraParallelLinear(nn.Module):
     """
 
     def __init__(
-        self, base: nn.Module, parts: list[MultiLoraLinear], kind: str, groups: int = 1
+        self,
+        base: nn.Module,
+        parts: list[MultiLoraLinear],
+        kind: str,
+        groups: int = 1,
+        tp_size: int = 1,
     ) -> None:
         super().__init__()
         self.base = base
-        self.kind, self.groups = kind, groups
+        # kind: 'qkv' / 'fc1' (column-parallel, output split), 'row' (input split).
+        self.kind, self.groups, self.tp_size = kind, groups, tp_size
         # Plain attribute: the adapters are registered (and named) in the HF view only.
         object.__setattr__(self, "parts", parts)
 
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any):
         out, bias = self.base(x, *args, **kwargs)
         xb = x.transpose(0, 1)
-        deltas, any_delta = [], False
-        for part in self.parts:
-            segments = part.segments(xb.shape[0])
-            if segments:
-                any_delta = True
-                deltas.append(part.lora_delta(xb, segments))
-            else:
-                deltas.append(None)
-        if not any_delta:
+        segments = [part.segments(xb.shape[0]) for part in self.parts]
+        if not any(segments):
             return out, bias
         deltas = [
-            d if d is not None else xb.new_zeros(*xb.shape[:-1], p.out_features)
+            self._delta(xb, part, segs) if segs else None
+            for part, segs in zip(self.parts, segments)
+        ]
+        tp = self.tp_size
+        deltas = [
+            d
+            if d is not None
+            else xb.new_zeros(*xb.shape[:-1], p.out_features // (tp if self.kind != "row" else 1))
             for d, p in zip(deltas, self.parts)
         ]
         if self.kind == "qkv":
-            g = self.groups
+            g = self.groups // tp  # this rank's query groups
             delta = torch.cat([d.unflatten(-1, (g, -1)) for d in deltas], dim=-1).flatten(-2)
-        else:  # fc1: [gate | up]; single: one part
+        else:  # fc1: [gate | up] (this rank's slice of each); row: one part
             delta = torch.cat(deltas, dim=-1) if len(deltas) > 1 else deltas[0]
         return out + delta.transpose(0, 1).to(out.dtype), bias
+
+    def _delta(self, xb: torch.Tensor, part: MultiLoraLinear, segments: list) -> torch.Tensor:
+        if self.tp_size == 1:
+            return part.lora_delta(xb, segments)
+        if self.kind == "row":
+            return _tp_lora.row_delta(xb, segments, part.out_features)
+        return _tp_lora.column_delta(xb, segments, part.out_features)
 
 
 class MegatronCausalLM(nn.Module):
@@ -126,7 +141,12 @@ class MegatronCausalLM(nn.Module):
     """
 
     def __init__(
-        self, gpt: nn.Module, hf_config: Any, router: LoraRouter, device: torch.device
+        self,
+        gpt: nn.Module,
+        hf_config: Any,
+        router: LoraRouter,
+        device: torch.device,
+        tp_size: int = 1,
     ) -> None:
         super().__init__()
         like = gpt.embedding.word_embeddings.weight
@@ -134,19 +154,27 @@ class MegatronCausalLM(nn.Module):
         self.gpt = gpt
         self.config = hf_config
         self._device = device
+        self.tp_size = tp_size
         groups = hf_config.num_key_value_heads
         for view, layer in zip(self.model.layers, gpt.decoder.layers):
             attn, mlp = layer.self_attention, layer.mlp
             a, m = view.self_attn, view.mlp
             attn.linear_qkv = _LoraParallelLinear(
-                attn.linear_qkv, [a.q_proj, a.k_proj, a.v_proj], "qkv", groups
+                attn.linear_qkv, [a.q_proj, a.k_proj, a.v_proj], "qkv", groups, tp_size
             )
-            attn.linear_proj = _LoraParallelLinear(attn.linear_proj, [a.o_proj], "single")
-            mlp.linear_fc1 = _LoraParallelLinear(mlp.linear_fc1, [m.gate_proj, m.up_proj], "fc1")
-            mlp.linear_fc2 = _LoraParallelLinear(mlp.linear_fc2, [m.down_proj], "single")
+            attn.linear_proj = _LoraParallelLinear(attn.linear_proj, [a.o_proj], "row", 1, tp_size)
+            mlp.linear_fc1 = _LoraParallelLinear(
+                mlp.linear_fc1, [m.gate_proj, m.up_proj], "fc1", 1, tp_size
+            )
+            mlp.linear_fc2 = _LoraParallelLinear(mlp.linear_fc2, [m.down_proj], "row", 1, tp_size)
 
     def get_input_embeddings(self) -> nn.Module:
-        return self.gpt.embedding.word_embeddings
+        embedding = self.gpt.embedding.word_embeddings
+        if self.tp_size == 1:
+            return embedding
+        # A vocab shard: callers read the vocabulary size off ``weight``; show the whole one.
+        vocab = self.config.vocab_size
+        return _ShapeOnlyLinear(embedding.weight.shape[1], vocab, embedding.weight)
 
     def get_output_embeddings(self) -> nn.Module | None:
         return getattr(self.gpt, "output_layer", None)

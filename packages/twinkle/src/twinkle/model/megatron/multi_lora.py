@@ -54,6 +54,7 @@ class MultiLoraMegatronModel(MultiLoraTransformersModel):
         device: str | torch.device | None = None,
         seed: int = 0,
         options: ExecutionOptions | dict[str, Any] | None = None,
+        tp_size: int = 1,
         **unused: Any,
     ) -> None:
         self.options = resolve_options(options)
@@ -75,15 +76,24 @@ class MultiLoraMegatronModel(MultiLoraTransformersModel):
             if isinstance(torch_dtype, torch.dtype)
             else (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         )
-        _build.init_megatron(self.device, seed)
+        _build.check_tp(hf_config, model_id, tp_size)
+        _build.init_megatron(self.device, seed, tp_size)
+        from megatron.core import parallel_state
+
+        self.tp_size, self.tp_rank = tp_size, parallel_state.get_tensor_model_parallel_rank()
         gpt = _build.build_gpt(hf_config, dtype)
-        _build.load_hf_weights(gpt, _build.read_hf_state_dict(self.model_dir), hf_config)
+        _build.load_hf_weights(
+            gpt, _build.read_hf_state_dict(self.model_dir), hf_config, tp_size, self.tp_rank
+        )
         self.router = LoraRouter(kernel=self.options.lora_kernel)
-        self.model = MegatronCausalLM(gpt.to(self.device), hf_config, self.router, self.device)
+        self.model = MegatronCausalLM(
+            gpt.to(self.device), hf_config, self.router, self.device, tp_size
+        )
         self.model.requires_grad_(False)
         self.model.eval()
         self.seed = seed
         self.tenants = {}
+        self.pager = None  # as the transformers backend's (enable_paging sets it)
 
     def add_adapter_to_model(
         self,

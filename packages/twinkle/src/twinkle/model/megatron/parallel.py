@@ -1,0 +1,177 @@
+"""``ParallelMegatronModel``: one multi-LoRA megatron model over ``tp_size`` worker processes.
+
+Each worker is a spawned process that joins one gloo (CPU) or nccl (CUDA) process group, calls
+megatron-core's ``parallel_state.initialize_model_parallel(tp_size, 1)`` and builds a
+:class:`~twinkle.model.megatron.MultiLoraMegatronModel` holding its tensor-parallel shards of the
+HF weights. The driver sends every method call to all ranks in the same order (collectives in
+megatron's layers pair up across ranks) and answers rank 0's result. Adapters are replicated
+(see :mod:`~twinkle.model.megatron._tp_lora`), so ``save`` runs on rank 0 only: one standard
+PEFT checkpoint, written once.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+#: Methods that write files: run on rank 0 alone (every rank holds the same adapters).
+RANK0_ONLY = frozenset({"save", "upload_to_hub"})
+#: Seconds a worker may take to build its model or answer one call before the driver gives up.
+CALL_TIMEOUT_S = 600.0
+
+
+def _worker(rank: int, world: int, port: int, kwargs: dict, inbox, outbox) -> None:
+    torch.set_num_threads(int(os.environ.get("TWINKLE_MEGATRON_THREADS", "1")))
+    try:
+        import torch.distributed as dist
+
+        cuda = torch.cuda.is_available() and kwargs.get("device") != "cpu"
+        if cuda:
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+            kwargs = {**kwargs, "device": f"cuda:{torch.cuda.current_device()}"}
+        dist.init_process_group(
+            "nccl" if cuda else "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            world_size=world,
+            rank=rank,
+        )
+        from twinkle.model.megatron.multi_lora import MultiLoraMegatronModel
+
+        model = MultiLoraMegatronModel(**kwargs)
+        outbox.put((rank, True, None))
+    except BaseException as exc:  # the driver re-raises it
+        outbox.put((rank, False, _portable(exc)))
+        return
+    while True:
+        message = inbox.get()
+        if message is None:
+            break
+        name, args, kw = message
+        try:
+            if name in RANK0_ONLY and rank != 0:
+                result = None
+            else:
+                result = getattr(model, name)(*args, **kw)
+                if callable(result) or name == "routes":
+                    raise TypeError(f"{name} returns a context or callable; not remotable")
+            outbox.put((rank, True, result if rank == 0 else None))
+        except BaseException as exc:
+            outbox.put((rank, False, _portable(exc)))
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """``exc`` if it pickles, else a RuntimeError carrying its text and traceback."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return RuntimeError(f"{type(exc).__name__}: {exc}\n{text}")
+
+
+class ParallelMegatronModel:
+    """The :class:`MultiLoraMegatronModel` API, each call run on ``tp_size`` ranks.
+
+    Args:
+        model_id: As ``MultiLoraMegatronModel``.
+        tp_size: Tensor-parallel size (the number of worker processes).
+        **kwargs: ``MultiLoraMegatronModel`` arguments (torch_dtype, device, seed, options).
+
+    Raises:
+        ValueError: ``tp_size`` does not divide the model's heads, groups, MLP width or vocab.
+        RuntimeError: A worker failed to start (its error is the cause).
+    """
+
+    def __init__(self, model_id: str, tp_size: int = 2, **kwargs: Any) -> None:
+        from twinkle.hub import load_config
+        from twinkle.model.megatron import _build
+
+        hf_config = load_config(model_id)
+        _build.check_supported(hf_config, model_id)
+        _build.check_tp(hf_config, model_id, tp_size)
+        self.tp_size = tp_size
+        ctx = mp.get_context("spawn")
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self._outbox = ctx.Queue()
+        self._inboxes = [ctx.Queue() for _ in range(tp_size)]
+        kw = {"model_id": model_id, "tp_size": tp_size, **kwargs}
+        self._procs = [
+            ctx.Process(
+                target=_worker,
+                args=(rank, tp_size, port, kw, self._inboxes[rank], self._outbox),
+                daemon=True,
+            )
+            for rank in range(tp_size)
+        ]
+        for proc in self._procs:
+            proc.start()
+        try:
+            self._collect("__init__")
+        except BaseException:
+            self.close()
+            raise
+
+    def _collect(self, name: str) -> Any:
+        results: dict[int, tuple[bool, Any]] = {}
+        while len(results) < self.tp_size:
+            try:
+                rank, ok, value = self._outbox.get(timeout=CALL_TIMEOUT_S)
+            except Exception as exc:
+                dead = [p.pid for p in self._procs if not p.is_alive()]
+                raise RuntimeError(f"megatron ranks did not answer {name} (dead: {dead})") from exc
+            results[rank] = (ok, value)
+        for rank in sorted(results):
+            ok, value = results[rank]
+            if not ok:
+                raise value
+        return results[0][1]
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Run ``model.<name>(*args, **kwargs)`` on every rank; rank 0's result."""
+        if not self._procs:
+            raise RuntimeError("the megatron workers are closed")
+        for inbox in self._inboxes:
+            inbox.put((name, args, kwargs))
+        return self._collect(name)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: self.call(name, *args, **kwargs)
+
+    def close(self) -> None:
+        """Stop the workers (each leaves its process group)."""
+        procs, self._procs = self.__dict__.get("_procs", []), []
+        for inbox, proc in zip(self._inboxes, procs):
+            if proc.is_alive():
+                inbox.put(None)
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+    def __enter__(self) -> ParallelMegatronModel:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
