@@ -12,7 +12,7 @@ from __future__ import annotations
 import gzip
 
 import zstandard
-from _bad_input_cases import MODEL, PROCESSOR, SAMPLER, Case
+from _bad_input_cases import BASE, MODEL, PROCESSOR, SAMPLER, Case
 
 from twinkle.server.web import DEFAULT_MAX_REQUEST_BYTES
 
@@ -489,6 +489,30 @@ def fixed_defects() -> list[Case]:
             json={"inputs": [[5, -1]]},
         ),
     ]
+    # create_session and create_model read fields of the wrong type (fuzzer)
+    for label, body, field in (
+        ("tags bool", {"tags": True}, "tags"),
+        ("tags of ints", {"tags": [1]}, "tags"),
+        ("user_metadata list", {"user_metadata": [1]}, "user_metadata"),
+        ("project_id int", {"project_id": 3}, "project_id"),
+    ):
+        cases.append(
+            Case(f"create_session {label}", "POST", f"{V1}/create_session", (field,), body)
+        )
+    cases.append(
+        Case(
+            "create_model optimizer_config str",
+            "POST",
+            f"{V1}/create_model",
+            ("optimizer_config",),
+            json={
+                "session_id": "{alice_session}",
+                "model_seq_id": 77,
+                "base_model": BASE,
+                "optimizer_config": "adamw",
+            },
+        )
+    )
     # the processor registry's ValueError/TypeError on the model's thread (fuzzer)
     for label, body in (
         ("empty name", {"processor": ""}),

@@ -88,10 +88,18 @@ def create_common_router(ctx: ServerContext, backends: Backends) -> APIRouter:
     async def create_session(request: Request) -> dict:
         owner = ctx.authenticate(request.headers)
         body = await read_json(request, max_bytes)
+        tags, metadata = body.get("tags") or [], body.get("user_metadata") or {}
+        if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+            raise BadRequest("tags must be a list of strings")
+        if not isinstance(metadata, dict):
+            raise BadRequest("user_metadata must be an object")
+        for key in ("sdk_version", "project_id", "display_name"):
+            if not isinstance(body.get(key), (str, type(None))):
+                raise BadRequest(f"{key} must be a string or null")
         record = state.create_session(
             owner,
-            tags=list(body.get("tags") or []),
-            user_metadata=body.get("user_metadata") or {},
+            tags=list(tags),
+            user_metadata=metadata,
             sdk_version=body.get("sdk_version"),
             project_id=body.get("project_id"),
             display_name=body.get("display_name"),
