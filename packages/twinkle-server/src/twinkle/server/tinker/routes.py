@@ -91,7 +91,10 @@ def _training_routes(router: APIRouter, api: TinkerApi) -> None:
             raise BadRequest("create_model needs session_id, model_seq_id and base_model")
         api.state.get_session(owner, session_id)
         api.backends.model(base_model)  # an unknown base model is a user error, now
-        optimizer = (body.get("optimizer_config") or {}).get("type", "adamw")
+        optimizer_config = body.get("optimizer_config") or {}
+        if not isinstance(optimizer_config, dict):
+            raise BadRequest("optimizer_config must be an object")
+        optimizer = optimizer_config.get("type", "adamw")
         if optimizer != "adamw":
             raise BadRequest(
                 f"optimizer {optimizer!r} is not supported; this server trains with adamw"
