@@ -104,9 +104,24 @@ def check_image(value: Any, where: str, limits: ImageLimits = DEFAULT_LIMITS) ->
     Raises:
         BadRequest: Naming ``where``.
     """
+    check_image_bytes(_image_bytes(value, where, limits), where, limits)
+
+
+def check_image_bytes(data: bytes, where: str, limits: ImageLimits = DEFAULT_LIMITS) -> None:
+    """Check one encoded image file (size, header pixel count, a full decode).
+
+    Raises:
+        BadRequest: Naming ``where``.
+    """
     from PIL import Image, UnidentifiedImageError
 
-    data = _image_bytes(value, where, limits)
+    if not data:
+        raise BadRequest(f"{where}: empty image")
+    if len(data) > limits.max_image_bytes:
+        raise BadRequest(
+            f"{where}: the image is {len(data)} bytes, more than {limits.max_image_bytes} "
+            "(max_image_bytes)"
+        )
     try:
         with Image.open(io.BytesIO(data)) as image:
             width, height = image.size

@@ -132,6 +132,9 @@ def datums_to_features(
                 feature[names[name]] = values.astype(np.float32).tolist()
             else:
                 raise BadRequest(f"data[{i}]: unknown loss_fn_inputs key {name!r}")
+        if getattr(datum, "image_grid_thw", None) is not None:  # image chunks, processed
+            feature["pixel_values"] = datum.pixel_values.tolist()
+            feature["image_grid_thw"] = datum.image_grid_thw.tolist()
         features.append(feature)
     return features
 

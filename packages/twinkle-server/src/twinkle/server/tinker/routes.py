@@ -17,6 +17,7 @@ from twinkle.server.context import ServerContext
 from twinkle.server.errors import BadRequest
 from twinkle.server.gateway.backends import Backends
 from twinkle.server.tinker import convert, custom_loss, optimizers, wire
+from twinkle.server.tinker import images as tinker_images
 from twinkle.server.tinker.api import CLIENT_CONFIG, SequencedCall, TinkerApi
 from twinkle.server.tinker.futures import Proto, body_digest
 from twinkle.server.tinker.models import model_facts
@@ -162,6 +163,8 @@ def _training_routes(router: APIRouter, api: TinkerApi) -> None:
             run = api.run_of(owner, msg.model_id)
             client = api.backends.model(run.base_model)
             vocab = (await asyncio.to_thread(model_facts, run.base_model)).vocab_size
+            # Image chunks -> image tokens + pixel_values (checked; a bad image is a 400).
+            await asyncio.to_thread(tinker_images.expand_datums, msg.data, run.base_model)
             if msg.loss_fn == "custom":
                 features, loss = custom_loss.features_and_loss(api, owner, run, msg, vocab)
             else:

@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, Response
 
 from twinkle.server.errors import BadRequest
 from twinkle.server.tinker import convert, sample_fields, stability, wire
+from twinkle.server.tinker import images as tinker_images
 from twinkle.server.tinker.admin import count_sample_usage
 from twinkle.server.tinker.api import (
     LONG_POLL_S,
@@ -83,11 +84,14 @@ def sampling_routes(router: APIRouter, api: TinkerApi) -> None:
         )
         if rid := api.futures.find(owner, keys):
             return api.submitted(rid, sample_sequence_ids=_sequence_ids(rid, num_samples))
-        tokens = convert.prompt_tokens(body.get("prompt") or {})
+        tokens, images = await asyncio.to_thread(
+            tinker_images.prompt_inputs, body.get("prompt") or {}, base_model
+        )
         convert.check_prompt(tokens, (await asyncio.to_thread(model_facts, base_model)).vocab_size)
         extra, target_layout = sample_fields.sampler_params(body, len(tokens))
         params.update(extra)
-        payload = {"inputs": [tokens], "adapter_uri": adapter, "sampling_params": params}
+        prompt = tokens if images is None else {"input_ids": tokens, **images}
+        payload = {"inputs": [prompt], "adapter_uri": adapter, "sampling_params": params}
 
         async def run() -> Proto:
             result = (await client.call(owner, "sample", payload))["results"][0]

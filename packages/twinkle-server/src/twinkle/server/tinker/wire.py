@@ -32,6 +32,11 @@ class WireDatum:
     tokens: list[int]
     inputs: dict[str, np.ndarray] = field(default_factory=dict)
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # as sent; may be empty
+    # Image chunks, in order: (token position they start at, bytes, format, expected_tokens);
+    # ``tinker.images.expand_datums`` turns them into image tokens and pixel_values.
+    images: list[tuple[int, bytes, str, int | None]] = field(default_factory=list)
+    pixel_values: np.ndarray | None = None
+    image_grid_thw: np.ndarray | None = None
 
 
 @dataclass
@@ -97,7 +102,7 @@ def _dense_from_csr(msg: Any, dtype: Any, where: str) -> np.ndarray:
 
 
 def decode_forward_backward(body: bytes) -> WireForwardBackward:
-    """Parse a ``ForwardBackwardRequest``; only encoded-text chunks are supported."""
+    """Parse a ``ForwardBackwardRequest``; encoded-text and image chunks are supported."""
     msg = _pb().ForwardBackwardRequest()
     try:
         msg.ParseFromString(body)
@@ -109,10 +114,17 @@ def decode_forward_backward(body: bytes) -> WireForwardBackward:
     data = []
     for i, datum in enumerate(msg.data):
         tokens: list[int] = []
+        images: list[tuple[int, bytes, str, int | None]] = []
         for chunk in datum.model_input:
-            if chunk.WhichOneof("chunk") != "encoded_text":
+            kind = chunk.WhichOneof("chunk")
+            if kind == "image":
+                image = chunk.image
+                expected = image.expected_tokens if image.HasField("expected_tokens") else None
+                images.append((len(tokens), bytes(image.data), image.format, expected))
+                continue
+            if kind != "encoded_text":
                 raise BadRequest(
-                    f"data[{i}]: only encoded_text chunks are supported by this server"
+                    f"data[{i}]: only encoded_text and image chunks are supported by this server"
                 )
             raw = chunk.encoded_text.tokens
             if len(raw) % 4:
@@ -123,7 +135,7 @@ def decode_forward_backward(body: bytes) -> WireForwardBackward:
             for name, t in datum.loss_fn_inputs.items()
         }
         shapes = {name: tuple(t.shape) for name, t in datum.loss_fn_inputs.items()}
-        data.append(WireDatum(tokens, inputs, shapes))
+        data.append(WireDatum(tokens, inputs, shapes, images))
     return WireForwardBackward(
         msg.model_id, int(msg.seq_id), msg.loss_fn, config, bool(msg.forward_only), data
     )
