@@ -77,16 +77,30 @@ def test_mock_backend_with_data_parallel():
     assert "set dp_size: 1" in problem
 
 
-@pytest.mark.parametrize("mesh", [{"dp_size": 2}, {"tp_size": 2}, {"pp_size": 2}])
-def test_megatron_with_parallel_sizes(mesh):
+def _megatron_mesh_problems(mesh, ranks=2):
     data = tiny_config_data()
     model = _model(data)
     model["args"].update(backend="megatron", model_id="tiny://qwen3")
-    model["args"]["device_group"] = {"name": "model", "ranks": 2, "device_type": "cuda"}
+    model["args"]["device_group"] = {"name": "model", "ranks": ranks, "device_type": "cuda"}
     model["args"]["device_mesh"] = {"device_type": "cuda", **mesh}
-    problems = [p for p in _problems(data) if ".args.device_mesh" in p]
-    assert len(problems) == 1 and "backend 'megatron' runs as one process" in problems[0]
-    assert f"{next(iter(mesh))} 2 asked" in problems[0]
+    return [p for p in _problems(data) if ".args.device_mesh" in p]
+
+
+@pytest.mark.parametrize(
+    "mesh, reason",
+    [({"dp_size": 2}, "data parallel"), ({"pp_size": 2}, "pipeline parallel")],
+)
+def test_megatron_refuses_unbuilt_parallel_sizes(mesh, reason):
+    (problem,) = _megatron_mesh_problems(mesh)
+    size = next(iter(mesh))
+    assert f"device_mesh.{size}: 2 > 1 is refused by backend 'megatron'" in problem
+    assert reason in problem
+
+
+def test_megatron_tensor_parallel_is_accepted_where_the_shapes_divide():
+    assert _megatron_mesh_problems({"tp_size": 2}) == []
+    (problem,) = _megatron_mesh_problems({"tp_size": 4}, ranks=4)  # tiny qwen3: 2 query groups
+    assert "device_mesh.tp_size" in problem and "num_key_value_heads" in problem
 
 
 def test_megatron_without_megatron_core(monkeypatch):

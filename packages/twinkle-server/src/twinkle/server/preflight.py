@@ -81,22 +81,37 @@ def _model_problems(app: ApplicationConfig) -> list[str]:
                 "backend: 'megatron' needs megatron-core (pip install megatron-core==0.16.1); "
                 "or use backend: transformers"
             )
-        parallel = {s: getattr(mesh, s) for s in ("dp_size", "tp_size", "pp_size", "ep_size")
-                    if mesh is not None and getattr(mesh, s) > 1}  # fmt: skip
-        if parallel:
-            sizes = ", ".join(f"{k} {v}" for k, v in parallel.items())
-            problems.append(
-                f"device_mesh: backend 'megatron' runs as one process in this release ({sizes} "
-                "asked); set the sizes to 1, or use backend: transformers with dp_size for data "
-                "parallel"
-            )
+        problems += _megatron_mesh_problems(mesh)
     if args.backend == "mock" and dp > 1:
         problems.append(
             f"device_mesh.dp_size: {dp} > 1 needs backend 'transformers' (the mock backend runs "
             "in one process); set dp_size: 1"
         )
-    problems += _architecture_problems(args.backend, args.model_id)
+    tp = mesh.tp_size if mesh is not None else 1
+    problems += _architecture_problems(args.backend, args.model_id, tp)
     return problems
+
+
+#: Why the megatron backend refuses a parallel size > 1 (tp_size is served: worker ranks).
+MEGATRON_UNSUPPORTED = {
+    "dp_size": "data parallel over megatron ranks is not built yet (megatron's dp groups would "
+    "need each tenant's token counts summed across ranks); use backend: transformers with "
+    "dp_size, or megatron with tp_size",
+    "pp_size": "pipeline parallel is not built yet (microbatches that keep per-tenant loss "
+    "normalisation exact); use tp_size",
+    "ep_size": "expert parallel needs an MoE model, and the megatron backend builds Qwen3 dense "
+    "models only",
+}
+
+
+def _megatron_mesh_problems(mesh) -> list[str]:
+    if mesh is None:
+        return []
+    return [
+        f"device_mesh.{size}: {getattr(mesh, size)} > 1 is refused by backend 'megatron': {why}"
+        for size, why in MEGATRON_UNSUPPORTED.items()
+        if getattr(mesh, size) > 1
+    ]
 
 
 def _sampler_problems(app: ApplicationConfig) -> list[str]:
@@ -134,7 +149,7 @@ def _cached_model_dir(model_id: str) -> Path | None:
     return None
 
 
-def _architecture_problems(backend: str, model_id: str) -> list[str]:
+def _architecture_problems(backend: str, model_id: str, tp_size: int = 1) -> list[str]:
     if backend != "megatron":
         return []
     model_dir = _cached_model_dir(model_id)
@@ -142,10 +157,15 @@ def _architecture_problems(backend: str, model_id: str) -> list[str]:
         return []
     from transformers import AutoConfig
 
-    from twinkle.model.megatron._build import check_supported
+    from twinkle.model.megatron._build import check_supported, check_tp
 
+    hf_config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
     try:
-        check_supported(AutoConfig.from_pretrained(model_dir, trust_remote_code=False), model_id)
+        check_supported(hf_config, model_id)
     except ValueError as error:
         return [f"backend: {error}"]
+    try:
+        check_tp(hf_config, model_id, tp_size)
+    except ValueError as error:
+        return [f"device_mesh.tp_size: {error}"]
     return []

@@ -11,6 +11,7 @@ def create_backend(
     dp_size: int = 1,
     device_type: str | None = None,
     worker_options: dict[str, Any] | None = None,
+    tp_size: int = 1,
     **kwargs: Any,
 ) -> Any:
     """The shared multi-LoRA model for ``backend`` in ``transformers | megatron | mock``.
@@ -20,6 +21,7 @@ def create_backend(
             ``twinkle.parallel.DataParallelModel`` whose ranks are Ray actors.
         device_type: ``cpu`` or ``cuda`` of the replicas (``device_mesh.device_type``).
         worker_options: ``DataParallelModel`` placement options (``num_cpus``, ``resources``).
+        tp_size: Tensor-parallel ranks of the megatron backend (worker processes; 1: in process).
 
     Raises:
         ValueError: Unknown backend, or ``dp_size > 1`` with a backend other than transformers.
@@ -54,6 +56,10 @@ def create_backend(
                 "backend 'megatron' needs megatron-core (pip install megatron-core==0.16.1); "
                 "use backend 'transformers' on this machine"
             ) from exc
+        if tp_size > 1:
+            from twinkle.model.megatron.parallel import ParallelMegatronModel
+
+            return ParallelMegatronModel(model_id, tp_size=tp_size, **kwargs)
         from twinkle.model.megatron import MultiLoraMegatronModel
 
         return MultiLoraMegatronModel(model_id=model_id, **kwargs)

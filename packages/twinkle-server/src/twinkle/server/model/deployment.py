@@ -41,6 +41,8 @@ def build_service(app_config: ApplicationConfig, context) -> ModelService:
             device_type=mesh.device_type,
             worker_options=worker_options(app_config),
         )
+    if mesh is not None and mesh.tp_size > 1 and args.backend == "megatron":
+        kwargs["tp_size"] = mesh.tp_size  # megatron's worker ranks (preflight checked the rest)
     torch_backend = args.backend != "mock"
     options = args.execution.options()
     if torch_backend:

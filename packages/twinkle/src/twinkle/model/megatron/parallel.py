@@ -80,6 +80,20 @@ def _portable(exc: BaseException) -> BaseException:
         return RuntimeError(f"{type(exc).__name__}: {exc}\n{text}")
 
 
+def _remotable() -> frozenset[str]:
+    """The model methods a driver forwards: the public ones, less those that hand back live
+    objects (a routing context, an adapter pager: paging is per process and not offered here)."""
+    from twinkle.model.megatron.multi_lora import MultiLoraMegatronModel
+
+    return frozenset(
+        name
+        for name in dir(MultiLoraMegatronModel)
+        if not name.startswith("_")
+        and callable(getattr(MultiLoraMegatronModel, name))
+        and name not in ("routes", "enable_paging", "tenant")
+    )
+
+
 class ParallelMegatronModel:
     """The :class:`MultiLoraMegatronModel` API, each call run on ``tp_size`` ranks.
 
@@ -94,13 +108,17 @@ class ParallelMegatronModel:
     """
 
     def __init__(self, model_id: str, tp_size: int = 2, **kwargs: Any) -> None:
-        from twinkle.hub import load_config
+        from twinkle.hub import load_config, resolve_model_dir
         from twinkle.model.megatron import _build
+        from twinkle.model.megatron.multi_lora import MultiLoraMegatronModel
 
         hf_config = load_config(model_id)
         _build.check_supported(hf_config, model_id)
         _build.check_tp(hf_config, model_id, tp_size)
         self.tp_size = tp_size
+        self.model_id, self.model_dir = model_id, resolve_model_dir(model_id)
+        self.capabilities = MultiLoraMegatronModel.capabilities
+        self.pager = None
         ctx = mp.get_context("spawn")
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
@@ -148,8 +166,8 @@ class ParallelMegatronModel:
         return self._collect(name)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
+        if name not in _remotable():
+            raise AttributeError(f"{type(self).__name__} has no method {name!r} across ranks")
         return lambda *args, **kwargs: self.call(name, *args, **kwargs)
 
     def close(self) -> None:
