@@ -130,7 +130,11 @@ class ModelService:
         self.unloaded: dict[str, str] = {}  # internal name -> why
         # Runs created before this service started live in no process any more (lost).
         self.started_at = clock()
-        self.paging = adapter_paging != "off" and hasattr(model, "enable_paging")
+        # The plain transformers model only: Megatron (a subclass) shards its adapters, and the
+        # data-parallel wrappers hold them in worker processes; paging is not built for either.
+        self.paging = (
+            adapter_paging != "off" and type(model).__name__ == "MultiLoraTransformersModel"
+        )
         self.max_paged_adapters = max_paged_adapters if self.paging else 0
         self.scheduler = FairScheduler(
             self._run_single,
