@@ -99,3 +99,64 @@ def test_load_shards_hf_weights_the_way_megatron_splits_them():
     assert _build._split_dim("decoder.layers.0.input_layernorm.weight") is None
     with pytest.raises(ValueError, match="does not divide"):
         _build.tp_shard(torch.zeros(3, 2), 0, 2, 0)
+
+
+@pytest.mark.slow
+def test_served_tp2_model_trains_two_tenants(tmp_path):
+    """``device_mesh.tp_size: 2`` through the in-process server: the seed's Megatron client flow
+    (optimizer and scheduler 'default', no set_loss) for two tenants of different ranks."""
+    import asyncio
+    import sys
+    from pathlib import Path
+
+    import numpy as np
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
+    from inprocess import client, local_server
+
+    from twinkle.model.megatron.parallel import ParallelMegatronModel
+
+    server = local_server(
+        tmp_path,
+        backend="megatron",
+        device_group={"name": "model", "ranks": 2, "device_type": "cpu"},
+        device_mesh={"device_type": "cpu", "tp_size": 2},
+    )
+    route = "/api/v1/model/tiny/qwen3"
+    ids = np.random.default_rng(0).integers(10, 4000, size=(2, 12)).tolist()
+    features = [{"input_ids": r, "labels": [-100] * 3 + r[3:]} for r in ids]
+
+    async def post(http, op, **body):
+        r = await http.post(f"{route}/{op}", json=body)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    async def go():
+        losses = {"a": [], "b": []}
+        async with client(server) as http:
+            for name, r in (("a", 4), ("b", 8)):
+                await post(http, "add_adapter_to_model", adapter_name=name, config={"r": r})
+                await post(http, "set_optimizer", adapter_name=name, optimizer="default", lr=1e-2)
+                await post(
+                    http,
+                    "set_lr_scheduler",
+                    adapter_name=name,
+                    scheduler="default",
+                    lr_decay_steps=100,
+                    max_lr=1e-2,
+                )
+            for _ in range(3):
+                for name in losses:
+                    out = await post(http, "forward_backward", adapter_name=name, inputs=features)
+                    losses[name].append(out["result"]["loss"])
+                    await post(http, "clip_grad_and_step", adapter_name=name)
+        return losses
+
+    try:
+        losses = asyncio.run(go())
+        model = server.services["model"].model
+        assert isinstance(model, ParallelMegatronModel) and model.tp_size == 2
+    finally:
+        server.services["model"].model.close()
+    for name in losses:
+        assert losses[name][-1] < losses[name][0]

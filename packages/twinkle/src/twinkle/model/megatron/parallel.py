@@ -19,6 +19,8 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+from twinkle.model.megatron.multi_lora import MultiLoraMegatronModel
+
 #: Methods that write files: run on rank 0 alone (every rank holds the same adapters).
 RANK0_ONLY = frozenset({"save", "upload_to_hub"})
 #: Seconds a worker may take to build its model or answer one call before the driver gives up.
@@ -40,8 +42,6 @@ def _worker(rank: int, world: int, port: int, kwargs: dict, inbox, outbox) -> No
             world_size=world,
             rank=rank,
         )
-        from twinkle.model.megatron.multi_lora import MultiLoraMegatronModel
-
         model = MultiLoraMegatronModel(**kwargs)
         outbox.put((rank, True, None))
     except BaseException as exc:  # the driver re-raises it
@@ -83,8 +83,6 @@ def _portable(exc: BaseException) -> BaseException:
 def _remotable() -> frozenset[str]:
     """The model methods a driver forwards: the public ones, less those that hand back live
     objects (a routing context, an adapter pager: paging is per process and not offered here)."""
-    from twinkle.model.megatron.multi_lora import MultiLoraMegatronModel
-
     return frozenset(
         name
         for name in dir(MultiLoraMegatronModel)
@@ -95,6 +93,9 @@ def _remotable() -> frozenset[str]:
 
 
 class ParallelMegatronModel:
+    #: What the server offers (``capabilities_of`` reads the class): the in-process model's.
+    capabilities = MultiLoraMegatronModel.capabilities
+
     """The :class:`MultiLoraMegatronModel` API, each call run on ``tp_size`` ranks.
 
     Args:
@@ -110,14 +111,12 @@ class ParallelMegatronModel:
     def __init__(self, model_id: str, tp_size: int = 2, **kwargs: Any) -> None:
         from twinkle.hub import load_config, resolve_model_dir
         from twinkle.model.megatron import _build
-        from twinkle.model.megatron.multi_lora import MultiLoraMegatronModel
 
         hf_config = load_config(model_id)
         _build.check_supported(hf_config, model_id)
         _build.check_tp(hf_config, model_id, tp_size)
         self.tp_size = tp_size
         self.model_id, self.model_dir = model_id, resolve_model_dir(model_id)
-        self.capabilities = MultiLoraMegatronModel.capabilities
         self.pager = None
         ctx = mp.get_context("spawn")
         with socket.socket() as sock:
