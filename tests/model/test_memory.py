@@ -69,18 +69,25 @@ def test_env_switch_leaves_glibc_defaults():
     assert _probe(TWINKLE_MALLOC_TUNING="0") == "False True"
 
 
-def test_the_library_leaves_the_choice_to_its_user():
-    """A model built by library code does not change the process's allocator (the server's
-    replicas turn it on: ``tests/server/model/test_model_thread.py``)."""
+@pytest.mark.parametrize(
+    "options, expected",
+    [("None", "True 2"), ("{'malloc_tuning': False, 'cpu_threads': 1}", "None 1")],
+)
+def test_a_local_model_applies_the_replicas_process_settings(options, expected):
+    """A model built for local training sets what a server replica sets
+    (``tests/server/model/test_model_thread.py``): freed memory kept unless
+    ``malloc_tuning=False``, and ``cpu_threads`` when given."""
     code = (
+        "import torch\n"
+        "torch.set_num_threads(2)\n"
         "from twinkle.model import MultiLoraTransformersModel\n"
         "from twinkle.model import memory\n"
-        "MultiLoraTransformersModel('tiny://qwen3.5', device='cpu')\n"
-        "print(memory._applied)\n"
+        f"MultiLoraTransformersModel('tiny://qwen3.5', device='cpu', options={options})\n"
+        "print(memory._applied, torch.get_num_threads())\n"
     )
     env = {**os.environ, "TWINKLE_MALLOC_TUNING": "1", "HF_HUB_OFFLINE": "1"}
     result = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip().splitlines()[-1] == "None"
+    assert result.stdout.strip().splitlines()[-1] == expected

@@ -148,3 +148,23 @@ def test_budget_defaults_and_validation():
     assert ExecutionOptions(max_pass_tokens=0).max_pass_tokens == 0
     with pytest.raises(ValueError, match="max_pass_tokens"):
         ExecutionOptions(max_pass_tokens=-1)
+
+
+def test_gpu_budget_comes_from_free_memory(monkeypatch):
+    """On a GPU: half the free memory over the model's activation bytes per token, once."""
+    calls = []
+
+    def free(device):
+        calls.append(device)
+        return 8 << 30, 16 << 30
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", free)
+    module = torch.nn.Linear(2, 2)
+    module.config = type("C", (), {"hidden_size": 512, "num_hidden_layers": 8, "vocab_size": 1000})
+    per_token = 34 * 512 * 8 * 4 + 12 * 1000
+    assert plan_mod.activation_bytes_per_token(module) == per_token
+    cuda = torch.device("cuda", 0)
+    expected = min(plan_mod.GPU_MAX_TOKENS, int((8 << 30) * 0.5 // per_token))
+    assert plan_mod.pass_token_budget(None, module, cuda) == expected
+    assert plan_mod.pass_token_budget(None, module, cuda) == expected
+    assert len(calls) == 1

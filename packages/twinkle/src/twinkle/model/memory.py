@@ -9,11 +9,12 @@ threshold glibc allows (32 MiB) gain nothing.
 
 :func:`keep_freed_memory` raises the mmap threshold to that maximum and the trim threshold to
 1 GiB, so freed blocks are reused by the next step. The cost: the process keeps its peak heap
-instead of shrinking after a spike. It changes the whole process, so the library never calls it
-on its own: the server's model and sampler replicas do (the server owns those processes), and a
-training script may (``bench/multi_tenant_train.py --keep-freed-memory``).
+instead of shrinking after a spike. It changes the whole process: the server's model and sampler
+replicas apply it, and a model built for local training applies it as well
+(:func:`apply_process_options`, called by the model's constructor), so a training script runs
+its steps as a replica does (measured faster: docs/performance.md, "Local training").
 ``ExecutionOptions.malloc_tuning`` (default from ``TWINKLE_MALLOC_TUNING``; ``0`` turns it off)
-decides whether a replica calls it. It is a no-op on other C libraries and platforms.
+decides. It is a no-op on other C libraries and platforms.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from __future__ import annotations
 import ctypes
 import platform
 import threading
+
+import torch
 
 from twinkle.model.options import ExecutionOptions
 
@@ -68,3 +71,12 @@ def _apply() -> bool:
     return mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and (
         mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
     )
+
+
+def apply_process_options(options: ExecutionOptions) -> None:
+    """What a server replica sets for its process, for a model built anywhere: freed memory
+    kept (``malloc_tuning``) and ``cpu_threads`` torch threads when given (``None``: torch's own
+    choice, one thread per physical core)."""
+    keep_freed_memory(options.malloc_tuning)
+    if options.cpu_threads is not None and torch.get_num_threads() != options.cpu_threads:
+        torch.set_num_threads(options.cpu_threads)

@@ -39,11 +39,12 @@ class ExecutionOptions:
         logprob_chunk_bytes: Size of one chunk of the log-softmax over the vocabulary on CPU
             (bounds the peak memory of per-token log-probabilities).
         fused_adam: Build Adam/AdamW with torch's fused kernel unless the caller asks otherwise.
-        malloc_tuning: A server replica keeps the memory it frees for the next step (glibc
-            ``mallopt``; see :mod:`twinkle.model.memory`). The library itself never changes the
-            process allocator: only a process owner (the server) applies it.
-        cpu_threads: torch intra-op threads for the process that owns the model (the server's
-            replicas); ``None`` leaves torch's own choice.
+        malloc_tuning: The process keeps the memory it frees for the next step (glibc
+            ``mallopt``; see :mod:`twinkle.model.memory`): a server replica and a model built
+            for local training alike (the model's constructor applies it).
+        cpu_threads: torch intra-op threads for the process that owns the model (a server
+            replica, or a local model's constructor sets them); ``None`` leaves torch's own
+            choice.
         max_pass_tokens: Most padded tokens (rows x longest sequence) one fused training pass
             holds: waiting tenants' batches are packed into passes up to it and their gradients
             accumulate (bounds the step's activation memory). ``None``: the device's measured

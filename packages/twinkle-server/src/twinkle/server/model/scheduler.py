@@ -5,7 +5,10 @@ round, if the first head of the line is a fusable call (``forward_backward``, or
 ``clip_grad_and_step``), the heads of the same kind (up to ``max_fused``) run together: one base
 model pass for the ``forward_backward`` calls, one batched optimizer step for the
 ``clip_grad_and_step`` calls. Any other call at a head runs on its own. No tenant can starve
-another.
+another. ``max_fused`` caps how many tenants one call carries, not its memory: the model packs the
+fused tenants' rows into passes of at most ``execution.max_pass_tokens`` tokens each
+(``twinkle.model.step.plan``), so a wide group of large batches runs as several passes whose
+gradients accumulate, and a group of small ones as one.
 
 Gathering: a training client sends its next call a short "think time" after it got the answer to
 its previous one. When a fusable group is smaller than it could be and some tenants are exactly in
@@ -55,7 +58,8 @@ class FairScheduler:
         run_fused: Executes several tenants' tasks of one fusable kind together (they all have
             the same ``kind``), returns their results in order; raising means nothing was applied
             and the tasks are rerun one by one.
-        max_fused: Most tenants fused into one pass.
+        max_fused: Most tenants fused into one call (the model splits it into passes by its
+            token budget).
         on_done: Called as ``on_done(task, wait_s, exec_s, ok)`` after every task (metrics).
         executor: The single worker thread tasks run on (default: a new :func:`model_thread`;
             pass the one the model was built on).

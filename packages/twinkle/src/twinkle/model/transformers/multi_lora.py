@@ -29,6 +29,7 @@ from twinkle.model.lora import (
     remove_adapter,
     resolve_target_modules,
 )
+from twinkle.model.memory import apply_process_options
 from twinkle.model.metrics import Metric
 from twinkle.model.optim import build_optimizer, build_scheduler, check_scheduler_name
 from twinkle.model.options import ExecutionOptions, resolve_options
@@ -96,6 +97,7 @@ class MultiLoraTransformersModel:
         **model_kwargs: Any,
     ) -> None:
         self.options = resolve_options(options)
+        apply_process_options(self.options)  # as a server replica runs (twinkle.model.memory)
         self.model_id = model_id
         self.model_dir = resolve_model_dir(model_id)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
