@@ -19,7 +19,7 @@ from serving import KEYS, full_server  # noqa: E402
 from tests.multimodal.conftest import VL_MODEL, image_trajectories  # noqa: E402
 from twinkle.dataset._self_cognition_vl import draw  # noqa: E402
 
-pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore")]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.filterwarnings("ignore")]
 
 
 @pytest.fixture(scope="module")

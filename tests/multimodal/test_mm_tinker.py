@@ -21,7 +21,7 @@ from serving import KEYS, full_server  # noqa: E402
 from tests.multimodal.conftest import VL_MODEL  # noqa: E402
 from twinkle.dataset._self_cognition_vl import draw  # noqa: E402
 
-pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore")]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.filterwarnings("ignore")]
 BASE = "tiny/qwen3.5-vl"
 adapt_creation_calls()
 
