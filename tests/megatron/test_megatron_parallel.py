@@ -160,3 +160,29 @@ def test_served_tp2_model_trains_two_tenants(tmp_path):
         server.services["model"].model.close()
     for name in losses:
         assert losses[name][-1] < losses[name][0]
+
+
+@pytest.mark.slow
+def test_a_dead_rank_fails_the_next_call_at_once():
+    """A rank killed mid-life: the next call raises naming it instead of hanging on the
+    survivor (blocked in a collective), and the workers are closed."""
+    import os
+    import signal
+    import time
+
+    from twinkle.model.megatron.parallel import ParallelMegatronModel
+
+    model = ParallelMegatronModel("tiny://qwen3", tp_size=2)
+    try:
+        model.add_adapter_to_model("a", {"r": 4, "target_modules": "all-linear"})
+        os.kill(model._procs[1].pid, signal.SIGKILL)
+        model._procs[1].join(timeout=30)
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"ranks \{1: -9\} exited"):
+            model.forward_backward(make_batch(2, 8, 0), adapter_name="a")
+        assert time.monotonic() - start < 30
+        assert not model._procs  # closed
+        with pytest.raises(RuntimeError, match="closed"):
+            model.list_adapters()
+    finally:
+        model.close()

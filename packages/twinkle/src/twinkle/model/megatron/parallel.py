@@ -142,13 +142,26 @@ class ParallelMegatronModel:
             raise
 
     def _collect(self, name: str) -> Any:
+        """Every rank's answer to ``name``; raises at once when a rank has died (its peers would
+        wait on it in their next collective forever)."""
+        import queue
+        import time
+
         results: dict[int, tuple[bool, Any]] = {}
+        deadline = time.monotonic() + CALL_TIMEOUT_S
         while len(results) < self.tp_size:
             try:
-                rank, ok, value = self._outbox.get(timeout=CALL_TIMEOUT_S)
-            except Exception as exc:
-                dead = [p.pid for p in self._procs if not p.is_alive()]
-                raise RuntimeError(f"megatron ranks did not answer {name} (dead: {dead})") from exc
+                rank, ok, value = self._outbox.get(timeout=1.0)
+            except queue.Empty:
+                dead = {r: p.exitcode for r, p in enumerate(self._procs) if not p.is_alive()}
+                if dead or time.monotonic() > deadline:
+                    self.close()
+                    raise RuntimeError(
+                        f"megatron ranks did not answer {name}: "
+                        + (f"ranks {dead} exited (rank: exit code)" if dead else "timed out")
+                        + "; the workers are closed, rebuild the model"
+                    ) from None
+                continue
             results[rank] = (ok, value)
         for rank in sorted(results):
             ok, value = results[rank]
@@ -176,7 +189,8 @@ class ParallelMegatronModel:
             if proc.is_alive():
                 inbox.put(None)
         for proc in procs:
-            proc.join(timeout=30)
+            # A rank blocked in a collective with a dead peer never reads its inbox: kill it.
+            proc.join(timeout=10)
             if proc.is_alive():
                 proc.kill()
                 proc.join()
