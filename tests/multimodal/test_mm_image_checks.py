@@ -119,3 +119,20 @@ def test_the_client_inlines_paths_bytes_and_pil_images(tmp_path):
     assert check_request_images(sent) == 4
     with pytest.raises(ValueError, match="no such file"):
         training_inputs([_row(str(tmp_path / "missing.png"))])
+
+
+def test_rendering_for_sampler_replicas_keeps_the_images(vl_template):
+    """With several sampler replicas the service renders trajectories itself: an image prompt
+    goes on as tokens plus its pixels (it was tokens only, so replicas got pads without images)."""
+    from tests.multimodal.conftest import image_trajectories
+    from twinkle.server.sampler.service import _render
+
+    question = {"messages": image_trajectories(1)[0]["messages"][:1]}
+    rendered = _render(vl_template, question)
+    feature = vl_template.encode(question, add_generation_prompt=True)
+    assert rendered["input_ids"] == feature["input_ids"].tolist()
+    np.testing.assert_array_equal(rendered["pixel_values"], feature["pixel_values"])
+    np.testing.assert_array_equal(rendered["image_grid_thw"], feature["image_grid_thw"])
+    assert _render(vl_template, {"messages": [{"role": "user", "content": "hi"}]}) == list(
+        vl_template.encode({"messages": [{"role": "user", "content": "hi"}]}, True)["input_ids"]
+    )

@@ -41,7 +41,16 @@ def result_to_wire(result: Any) -> dict[str, Any]:
 
 def _render(template: Any, item: Any) -> Any:
     if isinstance(item, dict) and "messages" in item:
-        return template.encode(item, add_generation_prompt=True)["input_ids"].tolist()
+        feature = template.encode(item, add_generation_prompt=True)
+        ids = feature["input_ids"].tolist()
+        if feature.get("image_grid_thw") is None:
+            return ids
+        # The images go along with their tokens (a replica renders nothing itself).
+        return {
+            "input_ids": ids,
+            "pixel_values": feature["pixel_values"],
+            "image_grid_thw": feature["image_grid_thw"],
+        }
     return item
 
 
