@@ -45,7 +45,13 @@ class ReplicaWorker:
 
         device = model_kwargs.pop("device", None) or compute_device(device_type)
         self.device = device
-        self.model = MultiLoraTransformersModel(model_id, device=device, **model_kwargs)
+        self.model: Any = None
+        if model_kwargs.pop("model_backend", "transformers") == "megatron":
+            # Built once the process group exists: megatron-core's parallel state (tp = pp = 1,
+            # its dp group = these replicas) lives on that group, not on a one-process world.
+            self._build = lambda: _megatron_model(model_id, device, model_kwargs)
+        else:
+            self.model = MultiLoraTransformersModel(model_id, device=device, **model_kwargs)
 
     # ------------------------------------------------------------------ setup
     def compute_device(self) -> str:
@@ -78,6 +84,8 @@ class ReplicaWorker:
             world_size=self.world_size,
             timeout=timedelta(seconds=timeout_s),
         )
+        if self.model is None:
+            self.model = self._build()
 
     # ------------------------------------------------------------------ plain calls
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -277,6 +285,12 @@ class ReplicaWorker:
                 "global_loss": global_loss,
             }
         return out
+
+
+def _megatron_model(model_id: str, device: str, model_kwargs: dict[str, Any]) -> Any:
+    from twinkle.model.megatron import MultiLoraMegatronModel
+
+    return MultiLoraMegatronModel(model_id, device=device, **model_kwargs)
 
 
 def _snapshot(tenant) -> dict[str, Any]:
