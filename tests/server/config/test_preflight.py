@@ -88,17 +88,20 @@ def _megatron_mesh_problems(mesh, ranks=2):
 
 @pytest.mark.parametrize(
     "mesh, reason",
-    [({"dp_size": 2}, "data parallel"), ({"pp_size": 2}, "pipeline parallel")],
+    [
+        ({"pp_size": 2}, "pipeline parallel"),
+        ({"dp_size": 2, "tp_size": 2}, "dp x tp is not built"),
+    ],
 )
 def test_megatron_refuses_unbuilt_parallel_sizes(mesh, reason):
-    (problem,) = _megatron_mesh_problems(mesh)
-    size = next(iter(mesh))
-    assert f"device_mesh.{size}: 2 > 1 is refused by backend 'megatron'" in problem
-    assert reason in problem
+    (problem,) = _megatron_mesh_problems(mesh, ranks=4)
+    assert f"device_mesh.{next(iter(mesh))}: 2" in problem
+    assert "is refused by backend 'megatron'" in problem and reason in problem
 
 
 def test_megatron_tensor_parallel_is_accepted_where_the_shapes_divide():
     assert _megatron_mesh_problems({"tp_size": 2}) == []
+    assert _megatron_mesh_problems({"dp_size": 2}) == []  # Ray replicas, each tp 1
     (problem,) = _megatron_mesh_problems({"tp_size": 4}, ranks=4)  # tiny qwen3: 2 query groups
     assert "device_mesh.tp_size" in problem and "num_key_value_heads" in problem
 

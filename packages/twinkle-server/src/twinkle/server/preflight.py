@@ -92,11 +92,9 @@ def _model_problems(app: ApplicationConfig) -> list[str]:
     return problems
 
 
-#: Why the megatron backend refuses a parallel size > 1 (tp_size is served: worker ranks).
+#: Why the megatron backend refuses a parallel size > 1 (tp_size: worker ranks; dp_size: Ray
+#: replicas, each tp 1; both built).
 MEGATRON_UNSUPPORTED = {
-    "dp_size": "data parallel over megatron ranks is not built yet (megatron's dp groups would "
-    "need each tenant's token counts summed across ranks); use backend: transformers with "
-    "dp_size, or megatron with tp_size",
     "pp_size": "pipeline parallel is not built yet (microbatches that keep per-tenant loss "
     "normalisation exact); use tp_size",
     "ep_size": "expert parallel needs an MoE model, and the megatron backend builds Qwen3 dense "
@@ -107,11 +105,18 @@ MEGATRON_UNSUPPORTED = {
 def _megatron_mesh_problems(mesh) -> list[str]:
     if mesh is None:
         return []
-    return [
+    problems = [
         f"device_mesh.{size}: {getattr(mesh, size)} > 1 is refused by backend 'megatron': {why}"
         for size, why in MEGATRON_UNSUPPORTED.items()
         if getattr(mesh, size) > 1
     ]
+    if mesh.dp_size > 1 and mesh.tp_size > 1:
+        problems.append(
+            f"device_mesh.dp_size: {mesh.dp_size} with tp_size {mesh.tp_size} is refused by "
+            "backend 'megatron': data-parallel replicas are tp 1 each (dp x tp is not built); "
+            "use one of the two"
+        )
+    return problems
 
 
 def _sampler_problems(app: ApplicationConfig) -> list[str]:

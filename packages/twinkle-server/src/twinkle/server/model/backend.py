@@ -17,8 +17,8 @@ def create_backend(
     """The shared multi-LoRA model for ``backend`` in ``transformers | megatron | mock``.
 
     Args:
-        dp_size: Data-parallel replicas; above 1 (transformers only) the model is a
-            ``twinkle.parallel.DataParallelModel`` whose ranks are Ray actors.
+        dp_size: Data-parallel replicas; above 1 (transformers, or megatron with tp_size 1) the
+            model is a ``twinkle.parallel.DataParallelModel`` whose ranks are Ray actors.
         device_type: ``cpu`` or ``cuda`` of the replicas (``device_mesh.device_type``).
         worker_options: ``DataParallelModel`` placement options (``num_cpus``, ``resources``).
         tp_size: Tensor-parallel ranks of the megatron backend (worker processes; 1: in process).
@@ -28,13 +28,15 @@ def create_backend(
         RuntimeError: ``megatron`` without megatron-core.
     """
     if dp_size > 1:
-        if backend != "transformers":
+        if backend not in ("transformers", "megatron") or tp_size > 1:
             raise ValueError(
-                f"dp_size {dp_size} > 1 needs backend 'transformers' (backend is '{backend}'): "
-                "mock runs in one process and megatron brings its own parallelism"
+                f"dp_size {dp_size} > 1 needs backend 'transformers' or 'megatron' with tp_size 1 "
+                f"(backend is '{backend}', tp_size {tp_size}): mock runs in one process"
             )
         from twinkle.parallel import DataParallelModel
 
+        if backend == "megatron":
+            kwargs["model_backend"] = "megatron"  # each replica a MultiLoraMegatronModel
         return DataParallelModel(
             model_id, dp_size, device_type or "cpu", **(worker_options or {}), **kwargs
         )
