@@ -123,7 +123,7 @@ def main() -> None:
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "cpus": os.cpu_count(),
     }
-    tps = {}
+    tps, paging_share = {}, 0.0
     for setup, names in (("resident", few), ("paged", many)):
         seconds = statistics.median(times[setup])  # one fused step of ``slots`` tenants
         tps[setup] = args.slots * tokens / seconds
@@ -138,13 +138,14 @@ def main() -> None:
         }
         if setup == "paged":
             total = sum(times["paged"])
+            paging_share = (stats["page_in_s"] + stats["page_out_s"]) / total
             row.update(
                 mode=args.mode,
                 page_ins=stats["page_ins"],
                 page_outs=stats["page_outs"],
                 page_in_ms=round(1000 * stats["page_in_s"] / max(stats["page_ins"], 1), 3),
                 page_out_ms=round(1000 * stats["page_out_s"] / max(stats["page_outs"], 1), 3),
-                paging_share=round((stats["page_in_s"] + stats["page_out_s"]) / total, 4),
+                paging_share=round(paging_share, 4),
                 paged_host_mb=round(pager.host_bytes / 2**20, 2),
             )
         print(json.dumps(row), flush=True)
@@ -153,6 +154,12 @@ def main() -> None:
             {
                 "summary": "adapter_paging",
                 "paged_vs_resident": round(tps["paged"] / tps["resident"], 3),
+                # Median over the paired steps (each pair saw the same machine state).
+                "paired_ratio_median": round(
+                    statistics.median(r / p for r, p in zip(times["resident"], times["paged"])), 3
+                ),
+                # What the page copies alone cost: the ratio if nothing else differed.
+                "paging_only_ratio": round(1 - paging_share, 3),
                 "target": 0.7,
                 **common,
             }
