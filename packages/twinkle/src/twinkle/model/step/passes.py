@@ -106,8 +106,13 @@ def _attach_logprobs(
     logprobs = token_logprobs(logits, targets, chunk_bytes)
     row_hits = None
     if attr == "logprobs":
-        # Correct predictions per row, for every state at once (padding targets never count).
-        hits = (logits.detach().argmax(-1) == targets) & (targets != IGNORE_INDEX)
+        # Correct predictions per row, for every state at once (padding targets never count): the
+        # target's logit is the row's largest. amax + gather, not argmax: torch's CPU argmax over
+        # the vocabulary cost more than the cross-entropy itself (7-100x amax at 128-4096 tokens,
+        # docs/performance.md); they differ only on an exact tie for the largest logit.
+        detached = logits.detach()
+        target_logit = detached.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        hits = (target_logit >= detached.amax(-1)) & (targets != IGNORE_INDEX)
         row_hits = hits.sum(-1).tolist()
     row = 0
     for state in states:
