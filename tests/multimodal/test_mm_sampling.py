@@ -115,7 +115,7 @@ def test_images_refused_clearly(sampler):
         sampler.sample(
             [
                 {
-                    "input_ids": feature["input_ids"] * 2,
+                    "input_ids": list(feature["input_ids"]) * 2,
                     "pixel_values": pixels,
                     "image_grid_thw": grid,
                 }
