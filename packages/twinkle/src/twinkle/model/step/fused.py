@@ -47,10 +47,11 @@ def fused_forward_backward(
         max_pass_tokens: ``ExecutionOptions.max_pass_tokens``: most padded tokens one pass
             holds (``None``: the device's default, ``0``: every batch in one pass). Whole batches
             are packed into passes (:func:`~twinkle.model.step.plan.plan_passes`).
-        split_batches: A batch over the budget runs as row chunks (else whole, alone): a no-grad pass per chunk gives its full
-            log-probs, its loss's gradient with respect to them is taken on the whole batch, and
-            a pass per chunk backpropagates that gradient, so any loss (sequence-level, grouped,
-            paired) gets exactly the gradient of one pass, at one extra forward.
+        split_batches: A batch over the budget runs as row chunks (else whole, alone): a
+            no-grad pass per chunk gives its full log-probs, its loss's gradient with respect to
+            them is taken on the whole batch, and a pass per chunk backpropagates that gradient,
+            so any loss (sequence-level, grouped, paired) gets exactly the gradient of one pass,
+            at one extra forward.
 
     Returns:
         ``{tenant name: {'loss', 'logprobs', 'num_tokens', 'metrics'}}``. Each tenant's ``.grad``
