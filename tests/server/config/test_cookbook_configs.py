@@ -53,17 +53,17 @@ def test_cookbook_config_launches_or_is_refused_naming_the_fix(path, capsys, key
     refused_megatron = [
         a for a in config.applications_of("model")
         if a.args.backend == "megatron" and a.args.device_mesh is not None
-        and a.args.device_mesh.dp_size > 1
+        and a.args.device_mesh.dp_size > 1 and a.args.device_mesh.tp_size > 1
     ]  # fmt: skip
     if refused_megatron:
         overrides = []
     argv = ["check-config", "-c", str(path)] + [f"--set={o}" for o in overrides]
     code = main(argv)
     out = capsys.readouterr()
-    if refused_megatron:  # data parallel Megatron is the Megatron issue's; refused until then
+    if refused_megatron:  # Megatron dp x tp (server_config_4b.yaml) is not built: refused
         assert code == 1
-        assert f"applications[{refused_megatron[0].name}].args.device_mesh" in out.err
-        assert "set the sizes to 1, or use backend: transformers" in out.err
+        assert f"applications[{refused_megatron[0].name}].args.device_mesh.dp_size" in out.err
+        assert "dp x tp is not built" in out.err
         return
     assert code == 0, out.err
     assert out.out.startswith(f"OK: {len(config.applications)} applications")
