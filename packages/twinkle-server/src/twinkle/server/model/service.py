@@ -26,6 +26,7 @@ from twinkle.server.model.protocol import Call, Empty, Operation, OperationTable
 from twinkle.server.model.ratelimit import RateLimiter
 from twinkle.server.model.registry import RunRegistry
 from twinkle.server.model.scheduler import FUSABLE, FairScheduler, Task
+from twinkle.server.state.paths import validate_id
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,8 @@ class ModelService:
         name = body.pop("adapter_name", None) or "default"
         if not isinstance(name, str):
             raise BadRequest(f"adapter_name must be a string, got {type(name).__name__}")
+        # The run id is made from the name: refuse a bad one before any record is written.
+        validate_id(name, "adapter_name")
         operation, request = self.operations.parse(op, body)
         key = presented_key if operation.uses_caller_key else None
         call = Call(owner, name, self._internal(owner, name), presented_key=key)
