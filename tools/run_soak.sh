@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The soak (not CI): the tiny server in its own process while tenants of every kind (twinkle_client
 # SFT, Tinker SDK SFT, Tinker SDK RL) create an adapter, train a few steps and remove it, over and
-# over. Every SOAK_SAMPLE_S seconds a JSON line with the server's RSS, threads, open files (sockets apart); the
-# last line is the summary (drift of each after the warm-up, adapters left at the end, errors).
+# over. Every SOAK_SAMPLE_S seconds a JSON line with the server's RSS, threads, open files (sockets
+# apart); the last line is the summary (drift of each after the warm-up, adapters left, errors).
 #   tools/run_soak.sh [MINUTES, default 30]   (env: SOAK_TENANTS=6 SOAK_WARMUP_MIN=3
 #                                              SOAK_SAMPLE_S=10 SOAK_OUT=soak.jsonl)
 # Exits 1 unless every resource stayed within 5%, no adapter was left and no client call failed.
