@@ -1,6 +1,8 @@
 """Adaptive fusion: a fused step packs tenants into passes by a token budget (and may cut one
 tenant's rows into chunks); every split gives the gradients of separate per-tenant passes."""
 
+import dataclasses
+
 import pytest
 import torch
 from peft import LoraConfig
@@ -133,6 +135,8 @@ def test_dropout_and_images_keep_a_batch_whole():
     )
     assert plan_mod.can_split(batch, 0.0)
     assert not plan_mod.can_split(batch, 0.1)
+    rope3 = {**batch.tensors, "position_ids": torch.zeros(3, 4, 8, dtype=torch.long)}
+    assert not plan_mod.can_split(dataclasses.replace(batch, tensors=rope3), 0.0)
     passes = plan_mod.plan_passes([batch], 8, [False])
     assert [[(p.start, p.stop, p.whole) for p in ps] for ps in passes] == [[(0, 4, True)]]
     passes = plan_mod.plan_passes([batch], 16, [True])

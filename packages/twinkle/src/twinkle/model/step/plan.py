@@ -74,15 +74,15 @@ def plan_passes(
 
 
 def can_split(batch: TenantBatch, lora_dropout: float) -> bool:
-    """Whether ``batch``'s rows may run in separate passes: every tensor is ``[rows, seq]``
+    """Whether ``batch``'s rows may run in separate passes: every tensor is per row
     (no image inputs, which are packed over images, not rows) and the adapter draws no dropout
     (a second pass over the same rows must give the same function)."""
     if lora_dropout > 0 or any(k in batch.tensors for k in IMAGE_KEYS):
         return False
     rows = batch.num_samples
     tensors = [*batch.tensors.values(), *(v for v in batch.extras.values() if v is not None)]
-    # [rows, seq] only: a [3, rows, seq] multimodal position_ids is not cut along its rows.
-    return all(t.dim() == 2 and t.shape[0] == rows for t in tensors)
+    # [rows] or [rows, seq] only: a [3, rows, seq] multimodal position_ids is not cut.
+    return all(t.dim() in (1, 2) and t.shape[0] == rows for t in tensors)
 
 
 def rows_of(batch: TenantBatch, start: int, stop: int) -> TenantBatch:
