@@ -21,7 +21,8 @@ from twinkle.model.step.batch import IMAGE_KEYS, TenantBatch
 #: The CPU budget, in padded tokens per pass: a memory bound first. Measured on the ~25M model
 #: (tiny://qwen3.5-25m, 8 tenants x 4 rows x 128 tokens, 2 shared cores; tools/pass_budget.py,
 #: docs/performance.md): four 1024-token passes held 2490 MB at peak against one 4096-token
-#: pass's 4574 MB, at 0.91x its best throughput in the one lightly loaded reading.
+#: pass's 4574 MB (2525 vs 4585 MB in a second round); on that loaded machine the one pass read
+#: faster in both rounds, so the throughput cost is still to be settled on an idle one.
 CPU_PASS_TOKENS = 1024
 #: Share of the free device memory a GPU pass's activations may take.
 GPU_FREE_FRACTION = 0.5
