@@ -34,6 +34,9 @@ ALLOWED: dict[str, str] = {
     "model.MultiLoraTransformersModel.load_adapter_state_dict": "weights stay on the server; use "
     "load(twinkle_path)",
     "model.MultiLoraTransformersModel.routes": "direct calls into the torch model only exist locally",
+    "model.MultiLoraTransformersModel.enable_paging": "a server sets adapter paging in its config "
+    "(adapter_paging, max_paged_adapters), not a client",
+    "model.TransformersModel.enable_paging": "inherited: same reason as for MultiLoraTransformersModel",
     "model.MultiLoraTransformersModel.adapter_peft_config": "the server writes the PEFT config into "
     "every checkpoint it saves; read it from the checkpoint",
     "model.MultiLoraTransformersModel.tenant": "a tenant's live state (tensors, optimizer) stays on "

@@ -71,12 +71,19 @@ def test_check_config_rejects_meshes_that_do_not_fit():
         parse_config(data)
 
 
-@pytest.mark.parametrize("backend", ["mock", "megatron"])
-def test_only_transformers_has_data_parallel_replicas(backend):
+def test_the_mock_has_no_data_parallel_replicas():
     from twinkle.server.model.backend import create_backend
 
     with pytest.raises(ValueError, match="dp_size 2 > 1 needs backend 'transformers'"):
-        create_backend(backend, "tiny://qwen3", dp_size=2)
+        create_backend("mock", "tiny://qwen3", dp_size=2)
+
+
+def test_megatron_data_parallel_builds_ray_replicas():
+    """dp_size 2 on megatron is the data-parallel model of megatron replicas (tp 1 each)."""
+    from twinkle.server.model.backend import create_backend
+
+    with pytest.raises(RuntimeError, match="DataParallelModel needs Ray"):
+        create_backend("megatron", "tiny://qwen3", dp_size=2)
 
 
 def test_build_service_passes_the_mesh_to_the_backend(monkeypatch):
