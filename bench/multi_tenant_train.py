@@ -544,7 +544,9 @@ def main(argv: list[str] | None = None) -> int:
     if not selected:
         parser.error("no benchmark point matches --tenants / --batches")
     torch.set_num_threads(args.threads)
-    kept = keep_freed_memory() if args.keep_freed_memory else False
+    # A model built with default ExecutionOptions keeps freed memory itself (malloc_tuning), so
+    # every mode of this process runs with it; the flag only applies it before the first model.
+    kept = keep_freed_memory() if args.keep_freed_memory else ExecutionOptions().malloc_tuning
     if args.check:
         losses = check()
         peft = check_peft()
