@@ -252,11 +252,13 @@ class ApiKeyAuth:
         key = _presented_key(headers)
         if not key:
             raise AuthError(401, MISSING_KEY)
+        # After its first call the Tinker SDK presents a token on every request: no key digest
+        # to compute and compare for those (a key never has a JWT's shape).
+        if self._tokens is not None and looks_like_jwt(key):
+            return self._token_principal(key)
         identity = self._match(key)
         if identity is None and key.startswith(TINKER_KEY_PREFIX):
             identity = self._match(key[len(TINKER_KEY_PREFIX) :])
-        if identity is None and self._tokens is not None and looks_like_jwt(key):
-            return self._token_principal(key)
         if identity is None:
             raise AuthError(401, INVALID_KEY)
         return Principal(tenant_id=identity[0], key_hint=identity[1])
@@ -292,13 +294,13 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
     return _presented_key(headers)
 
 
-def caller_key(headers: Mapping[str, str], signer: Any) -> str | None:
+def caller_key(headers: Mapping[str, str], signer: Any = None) -> str | None:
     """The caller's API key: the presented one, or the one sealed in a presented token of ours.
 
     Only for the caller's own use within the request (the hub token rule); never store or log it.
     """
     key = _presented_key(headers)
-    if key and looks_like_jwt(key):
+    if key and signer is not None and looks_like_jwt(key):
         return signer.sealed_key(key)
     return key
 

@@ -66,7 +66,12 @@ def build_local_server(config: ServerConfig, store: Any = None) -> LocalServer:
             mounts.append(
                 (
                     app_config.route_prefix,
-                    create_model_app(service, ctx.authenticate, ctx.server_args.max_request_bytes),
+                    create_model_app(
+                        service,
+                        ctx.authenticate,
+                        ctx.server_args.max_request_bytes,
+                        signer=ctx.signer,
+                    ),
                 )
             )
             services[app_config.name] = service

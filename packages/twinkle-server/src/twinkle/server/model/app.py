@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from twinkle.server.auth import presented_key
+from twinkle.server.auth import caller_key
 from twinkle.server.model.service import ModelService
 from twinkle.server.openapi_bodies import document_bodies, model_bodies
 from twinkle.server.web import (
@@ -23,6 +24,7 @@ def create_model_app(
     authenticate: Authenticator,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     direct_url: Callable[[], Awaitable[str | None]] | None = None,
+    signer: Any = None,
 ) -> FastAPI:
     """A FastAPI app exposing every model operation as ``POST /<op>`` with a JSON body.
 
@@ -30,6 +32,8 @@ def create_model_app(
     method's result as JSON. ``GET /healthz`` needs no key. ``GET /endpoint`` tells a client
     where this model answers without the Serve proxy: ``{"direct_url": "http://host:port"}``
     (same paths, same keys), or ``null`` when it does not (``direct_url`` returns the address).
+    ``signer`` (the server's :class:`~twinkle.server.signing.Signer`) reads the API key sealed in
+    a presented token, for operations that use the caller's key.
     """
     app = FastAPI(title=f"Twinkle model {service.base_model}")
     install_error_handlers(app)
@@ -53,7 +57,7 @@ def create_model_app(
         owner = authenticate(request.headers)
         payload = await read_json(request, max_request_bytes)
         # Results are plain JSON values already (``ops.jsonable``): no re-encoding pass.
-        key = presented_key(request.headers)
+        key = caller_key(request.headers, signer)
         return JSONResponse({"result": await service.call(owner, op, payload, key)})
 
     return app

@@ -142,6 +142,7 @@ class ModelManagement:
             self.context.authenticate,
             self.context.server_args.max_request_bytes,
             direct_url=self.direct_url,
+            signer=self.context.signer,
         )
         timeout = self.app_config.args.adapter_config.adapter_timeout
         app.add_middleware(
