@@ -22,7 +22,6 @@ its signed download URLs, ``join_sampling_session``.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
 import os
 import shutil
@@ -52,15 +51,13 @@ _ARCHIVES = "checkpoint_archives"
 
 
 class UrlSigner:
-    """Hex HMAC-SHA256 signatures over ``<path>\\n<expires>`` under the server's secret."""
+    """Signatures (the server :class:`Signer`'s MAC) over ``<path>\\n<expires>``."""
 
     def __init__(self, signer: Signer) -> None:
         self.signer = signer
 
     def sign(self, path: str, expires: int) -> str:
-        return hmac.new(
-            self.signer.secret(), f"{path}\n{expires}".encode(), hashlib.sha256
-        ).hexdigest()
+        return self.signer.mac(f"{path}\n{expires}")
 
     def verify(self, path: str, expires: str, signature: str, now: float) -> None:
         """Raise :class:`Forbidden` unless ``signature`` is ours for ``path`` and not expired."""
