@@ -113,6 +113,7 @@ def test_tiny_models_table():
         "qwen3-25m",
         "qwen3.5-25m",
         "qwen3-0.5b",
+        "qwen3-moe",
     }
     with pytest.raises(ValueError, match="qwen3.5"):
         build_tiny_model("llama", "/nonexistent")

@@ -29,7 +29,8 @@ class TinySpec:
     """What a tiny model is built from.
 
     Attributes:
-        architecture: transformers class name (``Qwen3ForCausalLM`` or ``Qwen3_5ForCausalLM``).
+        architecture: transformers class name (``Qwen3ForCausalLM``, ``Qwen3MoeForCausalLM``,
+            ``Qwen3_5ForCausalLM``).
         config: keyword arguments of the model config (sizes, layer types).
         vocab_size: tokenizer vocabulary size; also the embedding size.
         seed: torch seed for the random initialisation.
@@ -104,6 +105,20 @@ TINY_MODELS: Mapping[str, TinySpec] = MappingProxyType(
             _SMALL
             | _linear_attention(key_heads=2, value_heads=4, head_dim=16)
             | {"layer_types": ["linear_attention", "full_attention"]},
+        ),
+        # Qwen3-MoE's text architecture (as Qwen3-30B-A3B: every layer sparse, top-k
+        # renormalised) with 4 experts, top-2: the megatron backend's expert-parallel model.
+        "qwen3-moe": TinySpec(
+            "Qwen3MoeForCausalLM",
+            _SMALL
+            | dict(
+                num_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                norm_topk_prob=True,
+                decoder_sparse_step=1,
+                mlp_only_layers=[],
+            ),
         ),
         "qwen3-25m": TinySpec("Qwen3ForCausalLM", _BENCH),
         "qwen3-0.5b": TinySpec("Qwen3ForCausalLM", _HALF_B),
