@@ -91,6 +91,20 @@ def test_ttl_expiry(state, clock, run_id):
     assert [c.name for c in state.expired_checkpoints(now=clock.now + 5)] == ["forever"]
 
 
+def test_ephemeral_snapshots_of_a_finished_session_are_swept_before_their_ttl(state, run_id):
+    from twinkle.server.state.records import EPHEMERAL_PREFIX
+
+    snap, _ = state.add_checkpoint(
+        A, run_id, "sampler_weights", EPHEMERAL_PREFIX + "1", "/d/e", ttl_seconds=86400
+    )
+    state.add_checkpoint(A, run_id, "sampler_weights", "named", "/d/n")
+    state.add_checkpoint(A, run_id, "weights", "state", "/d/w")
+    assert snap.ephemeral and state.expired_checkpoints() == []
+    state.finish_session(A, state.get_run(A, run_id).session_id)
+    # Only the snapshot made for the session's own sampling clients goes; saved ones stay.
+    assert [c.name for c in state.expired_checkpoints()] == [EPHEMERAL_PREFIX + "1"]
+
+
 def test_resolve_paths(state, run_id):
     record, _ = state.add_checkpoint(A, run_id, "sampler_weights", "s", "/d/s")
     assert state.resolve_checkpoint_path(A, f"twinkle://{run_id}/sampler_weights/s") == record

@@ -117,6 +117,15 @@ class InternalError(ServiceError):
     status, category = 500, "server"
 
 
+class Unavailable(ServiceError):
+    """A service the server depends on (the state store) is unreachable: HTTP 503, retryable.
+
+    The request did not run, or ran no further than the failed store call; a client retries it
+    after ``retry_after`` seconds."""
+
+    status, category = 503, "server"
+
+
 class AtCapacity(ServiceError):
     """No room for another adapter (``max_loras``): HTTP 503, Tinker ``paused_capacity``."""
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from twinkle.server.state._base import StateBase
-from twinkle.server.state._sessions import RUN
+from twinkle.server.state._sessions import RUN, SESSION
 from twinkle.server.state.errors import NotFoundError
 from twinkle.server.state.paths import (
     checkpoint_path,
@@ -149,9 +149,25 @@ class CheckpointsMixin(StateBase):
         return record
 
     def expired_checkpoints(self, now: float | None = None) -> list[CheckpointRecord]:
-        """Checkpoints of every owner whose TTL has passed (the sweeper deletes them)."""
+        """Checkpoints of every owner that the sweeper deletes: those whose TTL has passed, and
+        the ephemeral sampler snapshots of a finished session (made for that session's sampling
+        clients only, so nothing can read them once it ended; their TTL is only the backstop)."""
         now = self.clock() if now is None else now
-        return [c for c in self._all(CKPT, CheckpointRecord) if c.is_expired(now)]
+        finished: dict[str, bool] = {}
+        return [
+            c
+            for c in self._all(CKPT, CheckpointRecord)
+            if c.is_expired(now)
+            or (c.ephemeral and self._run_finished(c.training_run_id, finished))
+        ]
+
+    def _run_finished(self, run_id: str, cache: dict[str, bool]) -> bool:
+        """Whether the session that made training run ``run_id`` has finished (or is gone)."""
+        if run_id not in cache:
+            run = self.store.get(RUN + run_id)
+            session = self.store.get(SESSION + str(run.get("session_id"))) if run else None
+            cache[run_id] = session is None or bool(session.get("finished"))
+        return cache[run_id]
 
     def resolve_checkpoint_path(
         self, owner: str, path: str, allow_public: bool = False

@@ -4,21 +4,29 @@ A future runs as a task of one gateway process (an *instance*). Each instance ke
 (``instance/<id>``: host, pid, process start time, last renewal); a pending future whose instance
 is gone (its process died on this host, or its lease expired) will never finish, and is failed
 with an error that says so instead of being polled forever.
+
+Submissions are remembered in the state too (``dedupe/<owner>/<digest>`` -> request id), so a
+resubmission that reaches another gateway replica, or this one after a restart, answers the first
+submission's future instead of running the call again. A first submission that can no longer finish
+(its process died before it completed) does not count: the resubmission runs.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import socket
 from typing import Any
 
 from twinkle.server.state._base import StateBase, new_id
-from twinkle.server.state.errors import ConflictError
+from twinkle.server.state.errors import ConflictError, NotFoundError
 from twinkle.server.state.paths import validate_id
 from twinkle.server.state.records import FutureError, FutureRecord
 
 FUTURE = "future/"
 INSTANCE = "instance/"
+DEDUPE = "dedupe/"
 LEASE_TTL_S = 30.0
 ORPHANED = (
     "the server process running this request stopped (restarted or killed) before it finished; "
@@ -141,6 +149,32 @@ class FuturesMixin(StateBase):
         except ConflictError:  # it finished after all (a late write of its instance)
             return self.get_future(owner, request_id)
 
+    # -- resubmissions ---------------------------------------------------------------------------
+    def _dedupe_key(self, owner: str, key: tuple) -> str:
+        digest = hashlib.sha256(json.dumps(list(key), default=str).encode()).hexdigest()[:40]
+        return f"{DEDUPE}{self._owner(owner)}/{digest}"
+
+    def remember_submission(self, owner: str, key: tuple, request_id: str) -> None:
+        """Record that ``owner``'s call identified by ``key`` runs as future ``request_id``."""
+        self.store.put(self._dedupe_key(owner, key), {"request_id": request_id, "at": self.clock()})
+
+    def find_submission(self, owner: str, key: tuple) -> str | None:
+        """The future of an earlier submission of ``key`` that is done, failed for its own
+        reasons, or still running in a live process; ``None`` when there is none (or it was
+        orphaned by its process's death: then the resubmission must run)."""
+        raw = self.store.get(self._dedupe_key(owner, key))
+        if raw is None:
+            return None
+        try:
+            record = self.get_future(owner, str(raw.get("request_id")))
+        except NotFoundError:  # purged
+            return None
+        if record.status == "pending" and not self.instance_alive(record.instance):
+            record = self.fail_orphaned_future(owner, record.request_id)
+        orphaned = record.status == "error" and record.error is not None
+        orphaned = orphaned and record.error.message == ORPHANED
+        return None if orphaned else record.request_id
+
     def count_active_futures(self, owner: str | None = None, model_id: str | None = None) -> int:
         """Pending futures, of one owner and/or model when given (rate limits, metrics)."""
         return sum(
@@ -156,4 +190,7 @@ class FuturesMixin(StateBase):
         for record in self._all(FUTURE, FutureRecord):
             if record.finished_at is not None and record.finished_at < cutoff:
                 purged += self.store.delete(FUTURE + record.request_id)
+        for key, value in self.store.scan(DEDUPE):
+            if float(value.get("at", 0.0)) < cutoff:
+                self.store.delete(key)
         return purged

@@ -6,7 +6,15 @@ tenant can never learn whether another tenant's id exists.
 
 from __future__ import annotations
 
-from twinkle.server.errors import BadRequest, Conflict, Forbidden, Gone, NotFound, ServiceError
+from twinkle.server.errors import (
+    BadRequest,
+    Conflict,
+    Forbidden,
+    Gone,
+    NotFound,
+    ServiceError,
+    Unavailable,
+)
 
 
 class StateError(ServiceError):
@@ -31,3 +39,8 @@ class ConflictError(StateError, Conflict):
 
 class GoneError(StateError, Gone):
     """The session is finished; the Tinker SDK stops its heartbeat loop on 410."""
+
+
+class StoreUnavailableError(StateError, Unavailable):
+    """The state store (Redis) cannot be reached: 503 with ``retry_after``, never blamed on the
+    caller and never a generic 500, so clients retry and operators read which dependency failed."""

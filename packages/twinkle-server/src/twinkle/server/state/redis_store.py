@@ -3,21 +3,44 @@
 Each key is one Redis string holding the JSON value, named ``key_prefix + key``. ``update`` is an
 optimistic transaction (``WATCH`` / ``MULTI`` / ``EXEC``), retried when another client wrote the key in
 between, so concurrent read-modify-writes from any number of processes never lose an update.
+
+Redis down or unreachable is :class:`StoreUnavailableError` (503, retryable) naming the store by
+host and port (never the URL, which may hold a password), not a generic 500. The client has socket
+timeouts so that a Redis that stopped answering fails calls instead of hanging them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import re
+from collections.abc import Iterator
 from typing import Any
 
+from twinkle.server.state.errors import StoreUnavailableError
 from twinkle.server.state.store import KVStore, Updater, decode_value, encode_value
 
 _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
 _SCAN_BATCH = 500
+#: Seconds to connect to / wait on Redis before a call fails (503) rather than hangs.
+SOCKET_TIMEOUT_S = 5.0
+#: What a client is told to wait before retrying during an outage.
+OUTAGE_RETRY_S = 2.0
 
 
 def _glob_escape(text: str) -> str:
     return _GLOB_SPECIAL.sub(r"\\\1", text)
+
+
+def _guarded(method):
+    """Run a store method under :meth:`RedisStore._reachable`."""
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with self._reachable():
+            return method(self, *args, **kwargs)
+
+    return call
 
 
 class RedisStore(KVStore):
@@ -39,16 +62,44 @@ class RedisStore(KVStore):
                 raise ValueError("RedisStore needs a redis_url (e.g. redis://127.0.0.1:6379/0)")
             import redis
 
-            client = redis.Redis.from_url(redis_url, decode_responses=True)
+            client = redis.Redis.from_url(
+                redis_url,
+                decode_responses=True,
+                socket_timeout=SOCKET_TIMEOUT_S,
+                socket_connect_timeout=SOCKET_TIMEOUT_S,
+            )
         self.redis_url = redis_url
         self._redis = client
 
+    @contextlib.contextmanager
+    def _reachable(self) -> Iterator[None]:
+        """Turn the client's connection failures into :class:`StoreUnavailableError`."""
+        import redis
+
+        try:
+            yield
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailableError(
+                f"the state store (Redis at {self._where()}) is unreachable "
+                f"({type(exc).__name__}); retry later",
+                retry_after=OUTAGE_RETRY_S,
+            ) from exc
+
+    def _where(self) -> str:
+        kwargs = getattr(getattr(self._redis, "connection_pool", None), "connection_kwargs", {})
+        if "path" in kwargs:
+            return str(kwargs["path"])
+        return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+
+    @_guarded
     def get(self, key: str) -> dict[str, Any] | None:
         return decode_value(self._redis.get(self.key_prefix + key))
 
+    @_guarded
     def put(self, key: str, value: dict[str, Any]) -> None:
         self._redis.set(self.key_prefix + key, encode_value(value))
 
+    @_guarded
     def delete(self, key: str) -> bool:
         return bool(self._redis.delete(self.key_prefix + key))
 
@@ -56,6 +107,7 @@ class RedisStore(KVStore):
         pattern = _glob_escape(self.key_prefix + prefix) + "*"
         return sorted(set(self._redis.scan_iter(match=pattern, count=_SCAN_BATCH)))
 
+    @_guarded
     def scan(self, prefix: str = "") -> list[tuple[str, dict[str, Any]]]:
         keys = self._keys(prefix)
         cut, found = len(self.key_prefix), []
@@ -66,6 +118,7 @@ class RedisStore(KVStore):
                     found.append((key[cut:], decode_value(raw)))
         return found
 
+    @_guarded
     def update(self, key: str, fn: Updater) -> dict[str, Any] | None:
         import redis
 
@@ -87,6 +140,7 @@ class RedisStore(KVStore):
                 finally:
                     pipe.reset()
 
+    @_guarded
     def clear(self) -> int:
         if not self.key_prefix:
             raise ValueError("refusing to clear a RedisStore with an empty key_prefix")

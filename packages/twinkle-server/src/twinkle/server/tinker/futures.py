@@ -8,7 +8,7 @@
 - A model that answers ``RateLimited`` / ``AtCapacity`` is retried after its ``retry_after``;
   meanwhile the future reports ``paused_rate_limit`` / ``paused_capacity``. Nothing is dropped.
 - Resubmissions (same ``X-Idempotency-Key``, or same model, ``seq_id`` and body) get the first
-  submission's request id.
+  submission's request id, also on another replica or after a restart (remembered in the state).
 - A future outlives the process running it only as a record: each future names its gateway
   process (``instance``), which keeps a lease in the state while it runs tasks; a pending future
   whose process is gone (killed, restarted) is failed when polled, so a client never waits on a
@@ -150,6 +150,11 @@ class TinkerFutures:
             found = self._seen.get((owner, *key))
             if found is not None:
                 return found
+        # Not submitted to this process: maybe to another replica, or before a restart.
+        for key in keys:
+            found = self.state.find_submission(owner, key)
+            if found is not None:
+                return found
         return None
 
     def submit(
@@ -169,6 +174,7 @@ class TinkerFutures:
         rid = record.request_id
         for key in dedupe or []:
             self._seen[(owner, *key)] = rid
+            self.state.remember_submission(owner, key, rid)
         while len(self._seen) > 20_000:
             self._seen.popitem(last=False)
         self._done[rid] = asyncio.Event()
