@@ -16,11 +16,14 @@ from typing import Any
 
 import torch
 
-SUPPORTED_MODEL_TYPES = ("qwen3",)
+from twinkle.model.megatron import _moe
+
+SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe")
 
 
 def check_supported(hf_config: Any, model_id: str) -> None:
-    """Refuse what this backend does not build: linear attention (Qwen3.5), MoE, RoPE scaling.
+    """Refuse what this backend does not build: linear attention (Qwen3.5), RoPE scaling, sliding
+    windows, MoE layouts other than uniformly sparse Qwen3-MoE (see :mod:`._moe`).
 
     Raises:
         ValueError: With the reason and the backend to use instead.
@@ -28,8 +31,11 @@ def check_supported(hf_config: Any, model_id: str) -> None:
     model_type = getattr(hf_config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
         hint = (
-            " (Qwen3.5 mixes linear-attention and full-attention layers; megatron-core's GPTModel "
-            "has no linear attention)"
+            " (Qwen3.5 mixes Gated DeltaNet linear-attention layers with full-attention ones; "
+            "megatron-core 0.16.1 has Gated DeltaNet only as its experimental attention variant "
+            "'gated_delta_net', whose block spec requires Transformer Engine (the local spec has "
+            "no fused layernorm-linear) and whose layer needs flash-linear-attention's kernels; "
+            "neither is part of this CPU/torch backend)"
             if str(model_type).startswith("qwen3_5")
             else ""
         )
@@ -44,6 +50,7 @@ def check_supported(hf_config: Any, model_id: str) -> None:
         )
     if any(t != "full_attention" for t in getattr(hf_config, "layer_types", None) or []):
         raise ValueError(f"backend 'megatron': {model_id} has non-full-attention (sliding) layers")
+    _moe.check_moe(hf_config, model_id)
 
 
 def check_tp(hf_config: Any, model_id: str, tp_size: int) -> None:
@@ -55,6 +62,7 @@ def check_tp(hf_config: Any, model_id: str, tp_size: int) -> None:
     """
     if tp_size < 1:
         raise ValueError(f"tp_size must be >= 1, got {tp_size}")
+    _moe.check_moe(hf_config, model_id, tp_size)
     for field in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size"):
         value = getattr(hf_config, field)
         if value % tp_size:
@@ -179,6 +187,7 @@ def transformer_config(hf_config: Any, dtype: torch.dtype):
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
+        **_moe.config_kwargs(hf_config),  # MoE layers: experts, router (empty when dense)
     )
 
 
@@ -188,9 +197,13 @@ def build_gpt(hf_config: Any, dtype: torch.dtype):
 
     rope = getattr(hf_config, "rope_parameters", None) or {}
     theta = rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    if _moe.is_moe(hf_config):
+        _moe.install_shims()
     return GPTModel(
         config=transformer_config(hf_config, dtype),
-        transformer_layer_spec=get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm"),
+        transformer_layer_spec=get_gpt_layer_local_spec(
+            num_experts=_moe.num_experts(hf_config), qk_layernorm=True, normalization="RMSNorm"
+        ),
         vocab_size=hf_config.vocab_size,
         max_sequence_length=hf_config.max_position_embeddings,
         position_embedding_type="rope",
@@ -284,16 +297,17 @@ def load_hf_weights(
                 dst + "self_attention.k_layernorm.weight": hf[attn + "k_norm.weight"],
                 dst + "self_attention.linear_proj.weight": hf[attn + "o_proj.weight"],
                 dst + "pre_mlp_layernorm.weight": hf[src + "post_attention_layernorm.weight"],
-                # fc1 is [gate | up] per rank: each rank holds its slice of both halves.
-                dst + "mlp.linear_fc1.weight": torch.cat(
-                    [
-                        tp_shard(hf[mlp + "gate_proj.weight"], 0, tp_size, tp_rank),
-                        tp_shard(hf[mlp + "up_proj.weight"], 0, tp_size, tp_rank),
-                    ]
-                ),
-                dst + "mlp.linear_fc2.weight": hf[mlp + "down_proj.weight"],
             }
         )
+        if _moe.is_moe(hf_config):  # router and this expert-parallel rank's experts
+            target.update(_moe.expert_weights(hf, i, dst, hf_config))
+        else:
+            # fc1 is [gate | up] per rank: each rank holds its slice of both halves.
+            fc1 = [hf[mlp + "gate_proj.weight"], hf[mlp + "up_proj.weight"]]
+            target[dst + "mlp.linear_fc1.weight"] = torch.cat(
+                [tp_shard(half, 0, tp_size, tp_rank) for half in fc1]
+            )
+            target[dst + "mlp.linear_fc2.weight"] = hf[mlp + "down_proj.weight"]
         if getattr(hf_config, "attention_bias", False):
             target[dst + "self_attention.linear_qkv.bias"] = qkv_layout(
                 hf[attn + "q_proj.bias"], hf[attn + "k_proj.bias"], hf[attn + "v_proj.bias"], groups

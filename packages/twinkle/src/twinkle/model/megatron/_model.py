@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from twinkle.model.lora import LoraRouter, MultiLoraLinear
-from twinkle.model.megatron import _tp_lora
+from twinkle.model.megatron import _moe, _tp_lora
 from twinkle.model.megatron._build import cpu_shims
 
 
@@ -45,6 +45,9 @@ class _HFView(nn.Module):
     def __init__(self, hf_config: Any, router: LoraRouter, like: torch.Tensor) -> None:
         super().__init__()
         h = hf_config.hidden_size
+        # An MoE layer's router and experts are no nn.Linear in HF either (3-D expert
+        # parameters): its mlp carries no adapter (see _moe.check_adapter_targets).
+        dense_mlp = not _moe.is_moe(hf_config)
         d = getattr(hf_config, "head_dim", None) or h // hf_config.num_attention_heads
         q, kv, ffn = (
             hf_config.num_attention_heads * d,
@@ -67,11 +70,8 @@ class _HFView(nn.Module):
             }.items():
                 setattr(layer.self_attn, name, lin(i, o))
             layer.mlp = nn.Module()
-            for name, (i, o) in {
-                "gate_proj": (h, ffn),
-                "up_proj": (h, ffn),
-                "down_proj": (ffn, h),
-            }.items():
+            mlp_parts = {"gate_proj": (h, ffn), "up_proj": (h, ffn), "down_proj": (ffn, h)}
+            for name, (i, o) in (mlp_parts if dense_mlp else {}).items():
                 setattr(layer.mlp, name, lin(i, o))
             layers.append(layer)
         self.layers = nn.ModuleList(layers)
@@ -163,10 +163,13 @@ class MegatronCausalLM(nn.Module):
                 attn.linear_qkv, [a.q_proj, a.k_proj, a.v_proj], "qkv", groups, tp_size
             )
             attn.linear_proj = _LoraParallelLinear(attn.linear_proj, [a.o_proj], "row", 1, tp_size)
-            mlp.linear_fc1 = _LoraParallelLinear(
-                mlp.linear_fc1, [m.gate_proj, m.up_proj], "fc1", 1, tp_size
-            )
-            mlp.linear_fc2 = _LoraParallelLinear(mlp.linear_fc2, [m.down_proj], "row", 1, tp_size)
+            if hasattr(m, "gate_proj"):  # a dense MLP (an MoE layer's experts: no LoRA)
+                mlp.linear_fc1 = _LoraParallelLinear(
+                    mlp.linear_fc1, [m.gate_proj, m.up_proj], "fc1", 1, tp_size
+                )
+                mlp.linear_fc2 = _LoraParallelLinear(
+                    mlp.linear_fc2, [m.down_proj], "row", 1, tp_size
+                )
 
     def get_input_embeddings(self) -> nn.Module:
         embedding = self.gpt.embedding.word_embeddings

@@ -10,7 +10,7 @@ import torch
 from twinkle.errors import InvalidArgumentError
 from twinkle.hub import load_config, resolve_model_dir
 from twinkle.model.lora import LoraRouter, adapter_spec_from_config
-from twinkle.model.megatron import _build
+from twinkle.model.megatron import _build, _moe
 from twinkle.model.megatron._model import MegatronCausalLM
 from twinkle.model.options import ExecutionOptions, resolve_options
 from twinkle.model.transformers.multi_lora import MultiLoraTransformersModel
@@ -117,6 +117,7 @@ class MultiLoraMegatronModel(MultiLoraTransformersModel):
                 f"refused: it selects {OUTPUT_LAYER!r}, and backend 'megatron' adapts only the "
                 "attention and MLP projections (drop it, e.g. Tinker's train_unembed=False)"
             )
+        _moe.check_adapter_targets(self.model.config, adapter_name, selector)
         super().add_adapter_to_model(adapter_name, config, gradient_accumulation_steps, **kwargs)
 
     def set_optimizer(self, optimizer: Any, adapter_name: str | None = None, **kwargs: Any) -> None:

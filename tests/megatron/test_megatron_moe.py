@@ -1,0 +1,126 @@
+"""Qwen3-MoE on the megatron backend: HF logit parity, multi-LoRA on attention, refusals, and
+expert parallel (ep=2) equal to the transformers backend."""
+
+import json
+
+import pytest
+
+pytest.importorskip("megatron.core", reason="megatron-core is not installed")
+
+import torch  # noqa: E402
+
+from twinkle.errors import InvalidArgumentError  # noqa: E402
+from twinkle.hub import load_config  # noqa: E402
+from twinkle.model.lora import RowRoute  # noqa: E402
+from twinkle.model.megatron import _build, _moe  # noqa: E402
+
+MOE = "tiny://qwen3-moe"
+TENANTS = {"a": (4, 1), "b": (8, 2)}  # name: (rank, seed): heterogeneous ranks
+
+
+def make_batch(rows, seq, seed):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(10, 4000, (rows, seq), generator=g)
+    labels = ids.clone()
+    labels[:, :3] = -100
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+
+
+@pytest.fixture(scope="module")
+def moe_model():
+    from twinkle.model.megatron import MultiLoraMegatronModel
+
+    model = MultiLoraMegatronModel(MOE)
+    yield model
+    for name in list(model.tenants):
+        model.remove_adapter(name)
+
+
+@pytest.fixture(scope="module")
+def hf_moe():
+    from transformers import AutoModelForCausalLM
+
+    from twinkle.hub import resolve_model_dir
+
+    return AutoModelForCausalLM.from_pretrained(resolve_model_dir(MOE)).eval()
+
+
+@pytest.fixture
+def model(moe_model):
+    yield moe_model
+    for name in list(moe_model.tenants):
+        moe_model.remove_adapter(name)
+
+
+def test_the_megatron_layers_are_moe_with_qwen3_moe_routing(model):
+    config = model.model.gpt.config
+    assert (config.num_moe_experts, config.moe_router_topk, config.moe_ffn_hidden_size) == (4, 2, 32)
+    assert config.moe_router_pre_softmax is False  # norm_topk_prob: top-k renormalised
+    assert config.moe_router_load_balancing_type == "none" and config.moe_aux_loss_coeff == 0
+    mlp = model.model.gpt.decoder.layers[0].mlp
+    assert type(mlp).__name__ == "MoELayer" and len(mlp.experts.local_experts) == 4
+
+
+def test_logits_equal_the_hf_model(model, hf_moe):
+    ids = make_batch(3, 16, 1)["input_ids"]
+    mask = torch.ones_like(ids)
+    mask[1, 11:] = 0  # right padding
+    with torch.no_grad():
+        ours = model.model(input_ids=ids, attention_mask=mask).logits
+        theirs = hf_moe(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(ours[0], theirs[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours[2], theirs[2], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours[1, :11], theirs[1, :11], rtol=1e-5, atol=1e-5)
+
+
+def test_attention_lora_trains_and_loads_in_peft(model, hf_moe, tmp_path):
+    from peft import PeftModel
+
+    model.add_adapter_to_model("p", {"r": 8, "lora_alpha": 16, "init_lora_weights": False})
+    keys = model.adapter_state_dict("p")
+    assert len(keys) == 2 * 4 * 2  # A and B of q/k/v/o in 2 layers: no expert or router LoRA
+    assert not any(".mlp." in k for k in keys)
+    model.set_optimizer("Adam", adapter_name="p", lr=1e-2)
+    batch = make_batch(2, 12, 3)
+    losses = []
+    for _ in range(4):
+        losses.append(model.forward_backward(batch, adapter_name="p")["loss"])
+        assert model.clip_grad_and_step(adapter_name="p")
+    assert losses[-1] < losses[0] - 0.1
+    path = model.save("peft", output_dir=tmp_path, adapter_name="p")
+    config = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+    assert sorted(config["target_modules"]) == ["k_proj", "o_proj", "q_proj", "v_proj"]
+    ids = make_batch(2, 10, 9)["input_ids"]
+    with torch.no_grad(), model.routes([RowRoute("p", 0, ids.shape[0])]):
+        ours = model.model(input_ids=ids).logits
+    peft_model = PeftModel.from_pretrained(hf_moe, path).eval()
+    try:
+        with torch.no_grad():
+            theirs = peft_model(input_ids=ids).logits
+    finally:
+        peft_model.unload()
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "target", [["q_proj", "gate_proj"], ["experts"], ["gate"], ".*experts.*", ".*mlp.gate"]
+)
+def test_lora_on_experts_or_router_is_refused_naming_target_modules(model, target):
+    with pytest.raises(InvalidArgumentError, match="target_modules.*router/experts"):
+        model.add_adapter_to_model("x", {"r": 4, "target_modules": target})
+    assert "x" not in model.tenants
+
+
+def test_moe_checks_name_the_field():
+    config = load_config(MOE)
+    _build.check_supported(config, MOE)
+    with pytest.raises(ValueError, match="tp_size 2 with the MoE model"):
+        _build.check_tp(config, MOE, 2)
+    with pytest.raises(ValueError, match="ep_size 3 does not divide .*num_experts \\(4\\)"):
+        _moe.check_moe(config, MOE, ep_size=3)
+    with pytest.raises(ValueError, match="ep_size 2 > 1 needs an MoE model"):
+        _moe.check_moe(load_config("tiny://qwen3"), "tiny://qwen3", ep_size=2)
+    mixed = load_config(MOE)
+    mixed.mlp_only_layers = [0]
+    with pytest.raises(ValueError, match="mixes dense and MoE layers"):
+        _build.check_supported(mixed, MOE)
