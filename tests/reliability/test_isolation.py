@@ -176,6 +176,7 @@ ID_ROUTES: dict[str, I] = {
         "upload_adapter": {"name": "stolen", "files": {}},
         "tinker_optim_step": {"adam_params": {"learning_rate": 1.0}}, "tinker_adapter_info": {},
         "tinker_save_external": {"name": "stolen"}, "tinker_adapter_state": {},
+        "adapter_tensors": {},
     }.items()},  # fmt: skip
     "POST model:/load": on_own_adapter("load", "path"),
     "POST model:/resume_from_checkpoint": on_own_adapter("resume_from_checkpoint", "path"),
@@ -183,10 +184,18 @@ ID_ROUTES: dict[str, I] = {
         Req("POST", f"{PREFIXES['model']}/upload_to_hub", json={"checkpoint_dir": i[c], "hub_model_id": "bob/stolen"})
         for c in ("alice_ckpt", "alice_state")
     ],
+    # Bob names alice's adapters to have them handed to his sampler: 404, nothing published.
+    "POST gateway:/publish_live_adapter": lambda i: [
+        gw("POST", "/publish_live_adapter", json={"base_model": BASE, "adapter_name": i[a]})
+        for a in ("alice_native", "alice_model")
+    ],
     # ------------------------------------------------------------- sampler deployment
     "POST sampler:/sample": lambda i: [
         Req("POST", f"{PREFIXES['sampler']}/sample", json={"inputs": [SEQ_IDS], "adapter_uri": i[c]})
         for c in ("alice_sampler_path", "alice_ckpt")
+    ] + [
+        Req("POST", f"{PREFIXES['sampler']}/sample", json={"inputs": [SEQ_IDS], "adapter_uri": f"inflight://{i[a]}"})
+        for a in ("alice_native", "alice_model")
     ],
     # ------------------------------------------------------------- processor
     **{f"POST processor:/{op}": dataset_op(op, extra) for op, extra in {

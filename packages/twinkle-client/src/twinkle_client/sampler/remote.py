@@ -57,6 +57,42 @@ class Sampler:
         if adapter_name is not None:
             self._named[adapter_name] = str(adapter_uri)
 
+    def load_adapter_from_model(self, model: Any, adapter_name: str | None = None) -> str:
+        """Take the current weights of ``model``'s adapter ``adapter_name``, with no checkpoint.
+
+        One call to the server: the model deployment copies the adapter's tensors out of
+        memory (after this key's earlier training calls) and hands them to the sampler
+        deployment, in process or as binary buffers between replicas; nothing is written to
+        disk. Call it again after each ``optim_step`` to sample with the new weights.
+
+        Args:
+            model: A ``twinkle_client.model.MultiLoraTransformersModel`` of this sampler's base
+                model, trained under this sampler's API key.
+            adapter_name: The model's adapter (``None``: its only one, or ``'default'``).
+
+        Returns:
+            The uri to pass as ``sample(adapter_uri=...)`` (``inflight://<adapter_name>``);
+            ``sample(adapter_name=...)`` with the same name works too.
+
+        Raises:
+            ValueError: ``model`` is not a remote model of this sampler's base model.
+            NotFoundError: This key has no such adapter (another key's is not visible).
+        """
+        from twinkle_client.client import API_PREFIX, served_model_name
+
+        base = served_model_name(self.model_id)
+        if not hasattr(model, "_name") or served_model_name(str(model.model_id)) != base:
+            raise ValueError(
+                f"model: expected a twinkle_client MultiLoraTransformersModel of {self.model_id!r}, "
+                f"got {model!r}"
+            )
+        name = model._name(adapter_name) or "default"
+        reply = self.client.http.post(
+            f"{API_PREFIX}/publish_live_adapter", {"base_model": base, "adapter_name": name}
+        )
+        self._named[name] = reply["adapter_uri"]
+        return reply["adapter_uri"]
+
     def sample(
         self,
         inputs: Any,

@@ -87,6 +87,8 @@ def model_bodies(operations: Any) -> Callable[[dict[str, Any]], dict[tuple[str, 
     def bodies(components: dict[str, Any]) -> dict[tuple[str, str], dict]:
         out = {}
         for op in operations:
+            if op.internal:  # not served over HTTP
+                continue
             schema = model_schema(op.request, components)
             schema.setdefault("properties", {})["adapter_name"] = _STR
             out[("post", f"/{op.name}")] = json_body(schema)
@@ -177,6 +179,16 @@ def gateway_bodies(components: dict[str, Any]) -> dict[tuple[str, str], dict]:
         ),
         ("put", "/sessions/{session_id}/project"): json_body(_obj({"project_id": _STR})),
         ("post", "/cancel_future"): json_body(_obj({"request_id": _STR}, ("request_id",))),
+        ("post", "/publish_live_adapter"): json_body(
+            _obj(
+                {
+                    "base_model": _STR,
+                    "adapter_name": _STR,
+                    "encoding": {"type": "string", "enum": ["tensors", "base64"]},
+                },
+                ("base_model",),
+            )
+        ),
         ("post", "/weights_info"): json_body(_obj({"tinker_path": _STR}, ("tinker_path",))),
         ("post", "/forward_backward"): PROTOBUF_BODY,
     }

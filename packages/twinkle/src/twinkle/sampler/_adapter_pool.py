@@ -11,6 +11,7 @@ import os
 from collections import OrderedDict
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from twinkle.errors import InvalidArgumentError, PathForbiddenError, PathNotFoundError
@@ -21,6 +22,7 @@ from twinkle.model.lora import (
     load_adapter_state_dict,
     remove_adapter,
 )
+from twinkle.model.lora.inject import PEFT_PREFIX, lora_layers
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -123,6 +125,7 @@ class AdapterPool:
         )  # dir -> (name, weights mtime)
         self._counter = 0
         self._in_memory: dict[str, str] = {}  # key -> adapter name; never evicted by LRU
+        self._in_memory_config: dict[str, dict] = {}  # key -> the PEFT config it was built from
 
     def __contains__(self, adapter_uri: str) -> bool:
         try:
@@ -144,6 +147,12 @@ class AdapterPool:
         distinct = list(dict.fromkeys(adapter_uris))
         names = {uri: self._in_memory[uri] for uri in distinct if uri in self._in_memory}
         distinct = [uri for uri in distinct if uri not in names]
+        for uri in distinct:
+            if str(uri).startswith("inflight://"):
+                raise PathNotFoundError(
+                    f"adapter_uri {uri!r}: no live adapter under this name; "
+                    "load_adapter_from_model(model, adapter_name) puts one here"
+                )
         dirs = {uri: resolve_adapter_dir(uri, self.allowed_dirs) for uri in distinct}
         if len(set(dirs.values())) > self.max_loras:
             raise InvalidArgumentError(
@@ -162,12 +171,26 @@ class AdapterPool:
 
     def put_state(self, key: str, config: dict, state: dict) -> None:
         """Load an adapter from memory (PEFT ``config`` + tensors) under ``key``, replacing the
-        one there; ``acquire([key])`` then uses it. Nothing is read from or written to disk."""
+        one there; ``acquire([key])`` then uses it. Nothing is read from or written to disk.
+
+        The same config as before (a new step of the same adapter) copies the tensors into the
+        adapter already attached; another config attaches a new one. Either way a bad state
+        (keys or shapes) raises and leaves what ``key`` held unchanged.
+        """
+        name = self._in_memory.get(key)
+        if name is not None and self._in_memory_config.get(key) == config:
+            _copy_into(self.model, name, state, key)
+            return
         name = self._inject("sampler-mem", config, state, where=key)
         old = self._in_memory.pop(key, None)
         self._in_memory[key] = name
+        self._in_memory_config[key] = dict(config)
         if old is not None:
             remove_adapter(self.model, old)
+
+    def has_state(self, key: str) -> bool:
+        """Whether an in-memory adapter is held under ``key``."""
+        return key in self._in_memory
 
     def _inject(self, prefix: str, config: dict, state: dict, *, where: object) -> str:
         """Attach a new adapter built from a PEFT ``config`` and its weights; returns its name."""
@@ -187,6 +210,7 @@ class AdapterPool:
     def drop_state(self, key: str) -> None:
         """Remove the in-memory adapter ``key`` (no-op when absent)."""
         name = self._in_memory.pop(key, None)
+        self._in_memory_config.pop(key, None)
         if name is not None:
             remove_adapter(self.model, name)
 
@@ -209,3 +233,24 @@ class AdapterPool:
     def _evict(self, path: Path) -> None:
         name, _ = self._loaded.pop(path)
         remove_adapter(self.model, name)
+
+
+def _copy_into(model: nn.Module, name: str, state: dict, where: str) -> None:
+    """Copy PEFT-keyed ``state`` into adapter ``name`` in place; every key and shape is checked
+    before the first tensor is copied, so a bad state changes nothing."""
+    targets = {}
+    for module_name, layer in lora_layers(model).items():
+        if name in layer.lora_A:
+            for kind in ("lora_A", "lora_B"):
+                targets[f"{PEFT_PREFIX}{module_name}.{kind}.weight"] = getattr(layer, kind)[name]
+    if set(targets) != set(state) or any(
+        tuple(getattr(state[k], "shape", ())) != tuple(t.weight.shape) for k, t in targets.items()
+    ):
+        missing, extra = sorted(set(targets) - set(state)), sorted(set(state) - set(targets))
+        raise InvalidArgumentError(
+            f"adapter {where} does not fit the adapter it replaces (missing {missing[:3]}, "
+            f"unexpected {extra[:3]}, or other shapes)"
+        )
+    with torch.no_grad():
+        for key, module in targets.items():
+            module.weight.copy_(state[key].to(module.weight.dtype))

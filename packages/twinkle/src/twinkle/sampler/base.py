@@ -13,6 +13,7 @@ from twinkle.data_format import Trajectory
 from twinkle.errors import ArgumentTypeError, InvalidArgumentError, UnknownAdapterError
 from twinkle.sampler.types import SampleResponse, SamplingParams
 
+LIVE_ADAPTER_SCHEME = "inflight://"
 _TOKEN_KEYS = ("input_ids", "labels", "length", "attention_mask", "position_ids")
 _IMAGE_KEYS = ("pixel_values", "image_grid_thw")
 
@@ -73,6 +74,49 @@ class Sampler(ABC):
         if self.template is None:
             self.set_template("Template")
         return self.template
+
+    def load_adapter_from_model(self, model: Any, adapter_name: str | None = None) -> str:
+        """Take the current weights of ``model``'s adapter ``adapter_name``, with no checkpoint.
+
+        The live tensors are copied from the training model in memory (no file, no
+        serialisation) into this sampler's adapter ``inflight://<adapter_name>``, replacing what
+        it held. Call it again after each ``optim_step`` to sample with the new weights; later
+        steps do not change what was copied.
+
+        Args:
+            model: A ``MultiLoraTransformersModel`` in this process.
+            adapter_name: The model's adapter (``None``: its only one).
+
+        Returns:
+            The uri to pass as ``sample(adapter_uri=...)``; ``sample(adapter_name=...)`` with
+            the same name works too.
+
+        Raises:
+            InvalidArgumentError: The sampler or the model cannot hand adapters over in memory
+                (the torch sampler and the transformers model can), or the adapter does not fit.
+        """
+        if not all(
+            hasattr(model, m) for m in ("adapter_state_dict", "adapter_peft_config", "tenant")
+        ):
+            raise InvalidArgumentError(
+                f"model: {type(model).__name__} cannot hand its adapter over in memory; "
+                "MultiLoraTransformersModel can (or save() and sample with the path)"
+            )
+        name = adapter_name or model.tenant(None).name
+        uri = f"{LIVE_ADAPTER_SCHEME}{name}"
+        self._put_live_adapter(
+            uri, model.adapter_peft_config(adapter_name), model.adapter_state_dict(adapter_name)
+        )
+        self._named[name] = uri
+        return uri
+
+    def _put_live_adapter(self, uri: str, config: dict, state: dict) -> None:
+        """Hold the adapter ``state`` (PEFT-keyed tensors) under ``uri``; backends that keep
+        their adapters in this process override it."""
+        raise InvalidArgumentError(
+            f"{type(self).__name__} cannot load adapters from memory; TorchSampler can "
+            "(or save() and sample with the path)"
+        )
 
     @property
     def stop_token_ids(self) -> set[int]:

@@ -89,6 +89,12 @@ class TorchSampler(Sampler):
         if adapter_name is not None:
             self._named[adapter_name] = str(adapter_uri)
 
+    def _put_live_adapter(self, uri: str, config: dict, state: dict) -> None:
+        from twinkle.sampler._adapter_pool import check_base_model
+
+        check_base_model(config, Path(uri), self.model_id, self.model_dir)
+        self.adapters.put_state(uri, config, state)
+
     # -------------------------------------------------------------- generation
     def _generate(
         self,

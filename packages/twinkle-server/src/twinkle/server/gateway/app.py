@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from twinkle.server.context import ServerContext
 from twinkle.server.gateway.backends import Backends, unload_session_adapters
 from twinkle.server.gateway.routes_common import create_common_router
+from twinkle.server.gateway.routes_live_adapter import create_live_adapter_router
 from twinkle.server.openapi_bodies import document_bodies, gateway_bodies
 from twinkle.server.web import install_error_handlers
 
@@ -22,6 +23,7 @@ def create_gateway_app(ctx: ServerContext, backends: Backends) -> FastAPI:
     install_error_handlers(app)
     document_bodies(app, gateway_bodies)
     app.include_router(create_common_router(ctx, backends))
+    app.include_router(create_live_adapter_router(ctx, backends))
     try:
         from twinkle.server.tinker.routes import create_tinker_router
     except ImportError:

@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from twinkle.server.auth import caller_key
+from twinkle.server.errors import NotFound
 from twinkle.server.model.service import ModelService
 from twinkle.server.openapi_bodies import document_bodies, model_bodies
 from twinkle.server.web import (
@@ -55,6 +56,8 @@ def create_model_app(
     @app.post("/{op}")
     async def call(op: str, request: Request):
         owner = authenticate(request.headers)
+        if op in service.operations and service.operations.get(op).internal:
+            raise NotFound(f"operation {op!r} is served to other deployments only, not over HTTP")
         payload = await read_json(request, max_request_bytes)
         # Results are plain JSON values already (``ops.jsonable``): no re-encoding pass.
         key = caller_key(request.headers, signer)

@@ -13,6 +13,7 @@ from twinkle.server.context import build_context
 from twinkle.server.hub import HubPublisher
 from twinkle.server.model.app import create_model_app
 from twinkle.server.model.backend import create_backend
+from twinkle.server.model.live_adapter import live_adapter_operations
 from twinkle.server.model.operations import native_operations
 from twinkle.server.model.ratelimit import RateLimiter
 from twinkle.server.model.registry import StateRunRegistry
@@ -76,7 +77,7 @@ def build_service(app_config: ApplicationConfig, context) -> ModelService:
         max_length=args.max_length,
         on_task_done=metrics.on_task_done,
         executor=executor,
-        operations=native_operations() + tinker_operations(),
+        operations=native_operations() + tinker_operations() + live_adapter_operations(),
         hub=HubPublisher.from_config(context.config.hub),
         adapter_paging=args.adapter_paging,
         max_paged_adapters=args.max_paged_adapters,

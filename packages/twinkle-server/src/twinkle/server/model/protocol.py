@@ -194,6 +194,8 @@ class Operation:
         off_queue: It does not touch the model: it runs on a thread of its own, not in the
             model's queue, and needs no adapter (``upload_to_hub``).
         uses_caller_key: Its handler gets the request's API key (``Call.presented_key``).
+        internal: Served to other deployments only (in process or through a handle): its
+            result holds tensors, not JSON, so the model's HTTP routes refuse it.
     """
 
     name: str
@@ -204,6 +206,7 @@ class Operation:
     steps: bool = False
     off_queue: bool = False
     uses_caller_key: bool = False
+    internal: bool = False
 
 
 class OperationTable:

@@ -39,6 +39,24 @@ def result_to_wire(result: Any) -> dict[str, Any]:
     }
 
 
+def tensor_state(payload: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(PEFT config, tensors) of a ``publish_adapter`` payload carrying tensors; a malformed
+    one is a 400 naming the field."""
+    import torch
+
+    config, tensors = payload.get("config"), payload.get("tensors")
+    if not isinstance(config, dict):
+        raise BadRequest("publish_adapter: config must be an object (the adapter's PEFT config)")
+    if not isinstance(tensors, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in tensors.items()
+    ):
+        raise BadRequest(
+            "publish_adapter: tensors must map weight names to tensors (from another "
+            "deployment); over HTTP send weights_b64"
+        )
+    return dict(config), tensors
+
+
 def _render(template: Any, item: Any) -> Any:
     if isinstance(item, dict) and "messages" in item:
         feature = template.encode(item, add_generation_prompt=True)
@@ -163,10 +181,20 @@ class SamplerService:
         pool = getattr(self.sampler, "adapters", None)
         if pool is None or not hasattr(pool, "put_state"):
             raise BadRequest("this sampler cannot load adapters from memory (inflight sampling)")
-        key = sampler_key(owner, payload["adapter_uri"])
-        config, state = decode_adapter_state(payload)
+        uri = payload.get("adapter_uri")
+        if not isinstance(uri, str):
+            raise BadRequest("publish_adapter: adapter_uri must be a string (inflight://<name>)")
+        key = sampler_key(owner, uri)
+        # ``tensors``: from another deployment (in process or through a Ray handle, binary);
+        # ``weights_b64``: the JSON form a client can send.
+        config, state = (
+            tensor_state(payload) if "tensors" in payload else decode_adapter_state(payload)
+        )
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, pool.put_state, key, config, state)
+        try:
+            await loop.run_in_executor(self._executor, pool.put_state, key, config, state)
+        except Exception as exc:
+            raise from_exception(exc) from exc
         return {"ok": True}
 
     def _adapter_dirs(self, owner: str, adapter_uri: Any, count: int) -> list[str | None] | None:
@@ -175,16 +203,31 @@ class SamplerService:
         uris = adapter_uri if isinstance(adapter_uri, list) else [adapter_uri] * count
         if len(uris) != count:
             raise BadRequest(f"adapter_uri has {len(uris)} entries for {count} inputs")
-        from twinkle.server.tinker.inflight import INFLIGHT_SCHEME, sampler_key
+        from twinkle.server.tinker.inflight import INFLIGHT_SCHEME
 
         return [
             None
             if uri is None
-            else sampler_key(owner, uri)
+            else self._live_key(owner, uri)
             if str(uri).startswith(INFLIGHT_SCHEME)
             else str(self.resolve_adapter(owner, uri))
             for uri in uris
         ]
+
+    def _live_key(self, owner: str, uri: str) -> str:
+        """The pool key of ``owner``'s live adapter ``uri``; 404 when this key published none
+        under that name (another tenant's name is simply not there)."""
+        from twinkle.server.tinker.inflight import sampler_key
+
+        key = sampler_key(owner, uri)
+        pool = getattr(self.sampler, "adapters", None)
+        if pool is not None and hasattr(pool, "has_state") and not pool.has_state(key):
+            raise NotFound(
+                f"adapter_uri {uri!r}: no live adapter of this key under that name on this "
+                "sampler; publish it first (sampler.load_adapter_from_model, or a Tinker "
+                "inflight save)"
+            )
+        return key
 
     def _sample(
         self, owner: str, inputs: list, sampling_params: Any, uris: list[str | None] | None

@@ -1,8 +1,9 @@
 """``save_weights_and_get_sampling_client(kind="inflight")``: sampling from the live adapter.
 
 Design: an inflight save hands the sampler the tenant's adapter state **in memory**. The model
-deployment copies the live LoRA tensors out of the training model (``tinker_adapter_state``), the
-gateway passes them to the sampler deployment (``publish_adapter``), which loads them into its
+deployment copies the live LoRA tensors out of the training model (``adapter_tensors``), the
+gateway passes them to the sampler deployment (``publish_adapter``, see
+:mod:`twinkle.server.gateway.routes_live_adapter`), which loads them into its
 adapter pool under the key ``inflight://<owner>/<model_id>`` and drops what that key held before.
 No checkpoint file is written and no checkpoint record is created.
 
@@ -57,17 +58,15 @@ def decode_adapter_state(payload: dict[str, Any]) -> tuple[dict[str, Any], dict[
 def inflight_save(api: Any, owner: str, body: dict, model_id: str, run: Any):
     """What an inflight ``save_weights_for_sampler`` runs in its turn (after every earlier
     training call of the model): publish the live adapter, then open a new sampling session."""
-    model = api.backends.model(run.base_model)
-    sampler = api.backends.sampler(run.base_model)
+    from twinkle.server.gateway.routes_live_adapter import publish_live_adapter
+
+    for lookup in (api.backends.model, api.backends.sampler):
+        lookup(run.base_model)  # an unknown base model is a 404 before the call is queued
     uri = inflight_uri(model_id)
 
     async def run_call() -> dict:
-        state = await model.call(owner, "tinker_adapter_state", {"adapter_name": model_id})
-        await sampler.call(
-            owner,
-            "publish_adapter",
-            {"adapter_uri": uri, "config": state["config"], "weights_b64": state["weights_b64"]},
-        )
+        # Tensors, not base64: in process they pass by reference, through a handle as buffers.
+        await publish_live_adapter(api.backends, owner, run.base_model, model_id)
         seq = body.get("sampling_session_seq_id")
         sid = f"{run.session_id}:sample:{seq}:{uuid.uuid4().hex[:8]}"
         api.state.create_sampling_session(
