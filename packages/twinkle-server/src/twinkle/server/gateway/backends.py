@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from twinkle.server.errors import NotFound
+from twinkle.server.errors import InternalError, NotFound
+from twinkle.server.request_ids import current_request_id, new_request_id
 from twinkle.server.sampler.service import SampleLimits
+
+logger = logging.getLogger("twinkle.server.gateway")
 
 
 class OperationClient(Protocol):
@@ -54,7 +58,27 @@ class HandleClient:
         except Exception as exc:
             # Ray wraps the deployment's exception; surface the original ServiceError.
             cause = getattr(exc, "cause", None) or exc.__cause__ or exc
+            if _replica_died(exc) or _replica_died(cause):
+                raise self._stopped(exc) from None
             raise from_exception(cause) from None
+
+    def _stopped(self, exc: BaseException) -> InternalError:
+        """The replica died under the call (SIGKILL, OOM killer): a 5xx that says so, not a
+        bare "internal server error"; Serve starts a new replica, which holds no adapter."""
+        rid = current_request_id() or new_request_id()
+        logger.error("request %s: the %s replica died: %s", rid, self.app_name, exc)
+        return InternalError(
+            f"the {self.app_name} replica running this call stopped (killed or restarted) "
+            "before it answered; retry it, or, if its adapter is then reported lost, resume "
+            f"from the newest checkpoint (request id {rid})",
+            request_id=rid,
+        )
+
+
+def _replica_died(exc: BaseException) -> bool:
+    """Ray's actor-death errors (``ActorDiedError``, ``ActorUnavailableError``), by class name
+    so that this module does not import Ray."""
+    return any(c.__name__ == "RayActorError" for c in type(exc).__mro__)
 
 
 @dataclass

@@ -13,7 +13,14 @@ from typing import Any
 
 from twinkle.model.protocol import capabilities_of
 from twinkle.server.encoding import jsonable
-from twinkle.server.errors import AtCapacity, BadRequest, Gone, NotFound, from_exception
+from twinkle.server.errors import (
+    AtCapacity,
+    BadRequest,
+    Gone,
+    InternalError,
+    NotFound,
+    from_exception,
+)
 from twinkle.server.hub import HubPublisher
 from twinkle.server.model.operations import (
     check_lengths,
@@ -131,6 +138,7 @@ class ModelService:
         self.unloaded: dict[str, str] = {}  # internal name -> why
         # Runs created before this service started live in no process any more (lost).
         self.started_at = clock()
+        self.lost_reason = "the model server restarted"  # what took them (the 410's text)
         # The plain transformers model only: Megatron (a subclass) shards its adapters, and the
         # data-parallel wrappers hold them in worker processes; paging is not built for either.
         self.paging = (
@@ -215,9 +223,12 @@ class ModelService:
             return NotFound(
                 f"adapter {call.name!r} was unloaded ({why}); add it again or resume from a checkpoint"
             )
-        lost = [r for r in self._lost_runs(call.owner) if r.adapter_name == call.name]
-        if lost:
-            return self._lost_error(call.name, lost[-1])
+        self._lost_runs(call.owner)
+        # The name's newest run, lost now or earlier: 410 on every call until the owner adds
+        # the name again (never "unknown adapter" on the second call, inviting a fresh start).
+        runs = self.registry.runs_named(call.owner, self.base_model, call.name)
+        if runs and runs[-1].status == "lost":
+            return self._lost_error(call.name, runs[-1])
         return NotFound(f"unknown adapter {call.name!r}: call add_adapter_to_model first")
 
     def _lost_runs(self, owner: str) -> list[Any]:
@@ -233,8 +244,7 @@ class ModelService:
             self.registry.set_run_status(owner, run.training_run_id, "lost")
         return lost
 
-    @staticmethod
-    def _lost_error(name: str, run: Any) -> Gone:
+    def _lost_error(self, name: str, run: Any) -> Gone:
         """Lost, never silently fresh: the owner is told what is gone and where to resume."""
         last = (run.last_checkpoint or {}).get("tinker_path")
         if last and run.training_run_id != name:  # a native run: its twinkle:// path
@@ -245,8 +255,8 @@ class ModelService:
             else "it had no checkpoint: add a new adapter to start again from fresh weights"
         )
         return Gone(
-            f"adapter {name!r} (training run {run.training_run_id}) was lost: the model server "
-            f"restarted and the weights it trained since its last checkpoint are gone; {where}"
+            f"adapter {name!r} (training run {run.training_run_id}) was lost: {self.lost_reason}"
+            f" and the weights it trained since its last checkpoint are gone; {where}"
         )
 
     def admit(
@@ -334,7 +344,13 @@ class ModelService:
     def _run_single(self, task: Task) -> Any:
         job: Job = task.payload
         self.admit(job.operation, job.call, job.request)
-        result = job.operation.handler(self, job.call, job.request)
+        try:
+            result = job.operation.handler(self, job.call, job.request)
+        except Exception as exc:
+            if not _worker_lost(exc):
+                raise
+            self._recover_workers(exc)
+            raise self._missing(job.call) from None
         if task.tenant in self.adapters:
             self.adapters[task.tenant].last_used = self.clock()
             self._note_progress(job, result)
@@ -344,13 +360,18 @@ class ModelService:
         jobs: list[Job] = [task.payload for task in tasks]
         for job in jobs:
             self.admit(job.operation, job.call, job.request)
-        if tasks[0].kind == "forward_backward":
-            requests = {job.call.internal: training_kwargs(job.request) for job in jobs}
-            results = self.model.forward_backward_many(requests)
-        else:
-            results = clip_grad_and_step_many(
-                self, [job.call for job in jobs], [job.request for job in jobs]
-            )
+        try:
+            if tasks[0].kind == "forward_backward":
+                requests = {job.call.internal: training_kwargs(job.request) for job in jobs}
+                results = self.model.forward_backward_many(requests)
+            else:
+                results = clip_grad_and_step_many(
+                    self, [job.call for job in jobs], [job.request for job in jobs]
+                )
+        except Exception as exc:
+            if _worker_lost(exc):  # the scheduler reruns each alone: each gets its 410
+                self._recover_workers(exc)
+            raise
         now = self.clock()
         wire = [jsonable(results[job.call.internal]) for job in jobs]
         for job, result in zip(jobs, wire):
@@ -369,6 +390,27 @@ class ModelService:
         loss = result.get("loss") if isinstance(result, dict) else None
         if job.operation.trains and isinstance(loss, (int, float)):
             entry.last_loss, entry.losses = float(loss), entry.losses + 1
+
+    def _recover_workers(self, exc: Exception) -> None:
+        """A data-parallel worker died (``WorkerLostError``): restart the worker group, and drop
+        every adapter. Their state died with the worker; reloading each from its last
+        checkpoint would silently roll back the steps trained since, so each run is reported
+        lost (410, as after a restart) and its owner resumes from its newest checkpoint."""
+        rank = getattr(exc, "rank", "?")
+        try:
+            report = self.model.recover()  # on the model thread: the scheduler's worker
+            for name in [*report["reloaded"], *report["lost"]]:
+                self.model.remove_adapter(name)
+        except Exception as error:  # noqa: BLE001 - the next call tries again
+            raise InternalError(
+                f"data-parallel worker rank {rank} of model {self.base_model} died and its "
+                f"workers could not be restarted ({type(error).__name__}); retry later"
+            ) from error
+        self.adapters.clear()
+        self.started_at = self.clock()  # every run created before now held an adapter: lost
+        self.lost_reason = (
+            f"data-parallel worker rank {rank} of the model died (its workers were restarted)"
+        )
 
     # ------------------------------------------------------------------ lifecycle
     async def sweep(self, now: float | None = None) -> list[str]:
@@ -441,6 +483,11 @@ class ModelService:
             "queue_depth": self.scheduler.depth(entry.internal),
             "idle_s": self.clock() - entry.last_used,
         }
+
+
+def _worker_lost(exc: BaseException) -> bool:
+    """``twinkle.parallel.WorkerLostError`` (by name: the service does not import Ray code)."""
+    return any(c.__name__ == "WorkerLostError" for c in type(exc).__mro__)
 
 
 __all__ = ["AdapterEntry", "FUSABLE", "Job", "ModelService"]
