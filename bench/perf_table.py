@@ -1,0 +1,86 @@
+"""Render ``bench/multi_tenant_train.py`` JSON lines as the markdown table of docs/performance.md,
+with issue 29's targets checked per point.
+
+    python bench/perf_table.py results.jsonl > table.md
+
+Targets (each a column; ``yes``/``no``):
+- ``best``: fused tokens/s >= 1.0x the better of ``sliced`` and ``peft``;
+- ``limit``: fused >= 0.9x ``limit`` (one adapter over every row: the ceiling of a fused step);
+- ``peft x1.3``: at N >= 4 and B = 1, fused >= 1.3x ``peft`` (blank elsewhere);
+- ``rss``: fused's own peak resident set <= 1.3x peft's (blank when the run had ``--no-rss``).
+The last line counts the points meeting each target.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+BEST, LIMIT, PEFT_MANY, RSS = 1.0, 0.9, 1.3, 1.3
+
+
+def checks(p: dict) -> dict[str, bool | None]:
+    """Each target's verdict for one point (``None`` where it does not apply)."""
+    best = max(p["sliced_tps"], p["peft_tps"])
+    rss = p.get("peak_rss_mb")
+    return {
+        "best": p["fused_tps"] >= BEST * best,
+        "limit": p["fused_vs_limit"] >= LIMIT,
+        "peft x1.3": (
+            p["fused_vs_peft"] >= PEFT_MANY if p["tenants"] >= 4 and p["batch"] == 1 else None
+        ),
+        "rss": rss["fused"] <= RSS * rss["peft"] if isinstance(rss, dict) else None,
+    }
+
+
+def _ranks(ranks: list[int]) -> str:
+    return str(ranks[0]) if len(set(ranks)) == 1 else "/".join(map(str, sorted(set(ranks))))
+
+
+def render(lines: list[dict]) -> str:
+    points = [p for p in lines if "fused_tps" in p]
+    head = (
+        "| model | N | B | ranks | fused | sliced | peft | limit | fused/best | fused/limit | "
+        "fused/peft | RSS fused/peft MB | best | limit | peft x1.3 | rss |"
+    )
+    out = [head, "|" + "---|" * (head.count("|") - 1)]
+    totals: dict[str, list[int]] = {}
+    for p in points:
+        verdict = checks(p)
+        rss = p.get("peak_rss_mb")
+        rss_cell = f"{rss['fused']:.0f}/{rss['peft']:.0f}" if isinstance(rss, dict) else "-"
+        best = max(p["sliced_tps"], p["peft_tps"])
+        cells = [
+            p["model"].removeprefix("tiny://"),
+            p["tenants"],
+            p["batch"],
+            _ranks(p["ranks"]),
+            f"{p['fused_tps']:.0f}",
+            f"{p['sliced_tps']:.0f}",
+            f"{p['peft_tps']:.0f}",
+            f"{p['limit_tps']:.0f}",
+            f"{p['fused_tps'] / best:.3f}",
+            f"{p['fused_vs_limit']:.3f}",
+            f"{p['fused_vs_peft']:.3f}",
+            rss_cell,
+        ]
+        for name, ok in verdict.items():
+            cells.append("" if ok is None else ("yes" if ok else "**no**"))
+            if ok is not None:
+                met, seen = totals.setdefault(name, [0, 0])
+                totals[name] = [met + int(ok), seen + 1]
+        out.append("| " + " | ".join(str(c) for c in cells) + " |")
+    summary = ", ".join(f"{name}: {met} of {seen}" for name, (met, seen) in totals.items())
+    return "\n".join(out) + f"\n\nTargets met: {summary}.\n"
+
+
+def main(argv: list[str]) -> int:
+    path = argv[1] if len(argv) > 1 else "-"
+    with sys.stdin if path == "-" else open(path) as f:
+        lines = [json.loads(line) for line in f if line.strip().startswith("{")]
+    print(render(lines), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
