@@ -175,8 +175,11 @@ def prompts(ns: Backend, feature) -> list:
     return [
         Trajectory(messages=[Message(role="user", content=content)]),
         Trajectory(messages=[Message(role="user", content="Count to 3, please.")]),
-        {key: feature[key] for key in ("input_ids", "pixel_values", "image_grid_thw")},
-    ]
+    ] + (
+        []
+        if feature is None
+        else [{key: feature[key] for key in ("input_ids", "pixel_values", "image_grid_thw")}]
+    )
 
 
 def sample(ns: Backend, adapter_uri: str | None, feature) -> list:
@@ -304,3 +307,30 @@ def test_encoded_image_rows_train_the_same_both_ways(backends):
                     np.asarray(g[column]), np.asarray(w[column]), err_msg=column
                 )
     np.testing.assert_allclose(losses["twinkle_client"], losses["twinkle"], rtol=RTOL, atol=ATOL)
+
+
+def test_image_tokens_without_their_image_are_refused_both_ways(backends):
+    """A SampleResult of an image prompt carries tokens only (``<|image_pad|>`` and no pixels).
+    Scoring or re-sampling it once read the image tokens as text, a silently wrong result on
+    both backends; now both refuse it, the same way, and the adapter is left as it was."""
+    from twinkle.errors import InvalidArgumentError
+    from twinkle_client.errors import BadRequestError
+
+    refused = {"twinkle": InvalidArgumentError, "twinkle_client": BadRequestError}
+    for ns in backends:
+        model = vl_model(ns)
+        model.add_adapter_to_model("scored", dict(LORA))
+        model.set_template(TEMPLATE, adapter_name="scored")
+        sampler = ns.sampler.TorchSampler(model_id=VL_MODEL)
+        sampler.set_template(TEMPLATE)
+        batch = image_batch(ns)[:1]
+        greedy = {"max_tokens": 3, "temperature": 0.0, "logprobs": True}
+        result = sampler.sample(inputs=[prompts(ns, None)[0]], sampling_params=greedy)
+        before = model.forward_only(inputs=batch, adapter_name="scored")["loss"]
+        with pytest.raises(refused[ns.name], match=r"input_ids hold 4 <\|image_pad\|> tokens"):
+            model.forward_backward(inputs=result, adapter_name="scored")
+        with pytest.raises(refused[ns.name], match=r"4 <\|image_pad\|> tokens but no image"):
+            sampler.sample(inputs=[result[0].prompt_tokens], sampling_params=greedy)
+        assert model.forward_only(inputs=batch, adapter_name="scored")["loss"] == before
+        with pytest.raises((refused[ns.name], RuntimeError, ValueError), match="gradient"):
+            model.clip_grad_norm(adapter_name="scored")

@@ -69,19 +69,32 @@ def batch_images(
 
     Raises:
         InvalidArgumentError: Images for a model without a vision tower, or a row whose
-            ``<|image_pad|>`` tokens are not as many as its images' grids ask for.
+            ``<|image_pad|>`` tokens are not as many as its images' grids ask for (a row with
+            image tokens and no image included).
     """
     rows = [b for b, grid in enumerate(grids) if grid is not None and len(grid)]
+    vision = getattr(model.config, "vision_config", None)
+    image_token = getattr(model.config, "image_token_id", None)
+    for b, row in enumerate(tokens):
+        # Image tokens without their image (e.g. a SampleResult's tokens sent back as a
+        # prompt) would be read as text: refuse them. (Rows are sorted by adapter here, so
+        # the message cannot name the input's index.)
+        pads = sum(1 for t in row if t == image_token) if vision is not None else 0
+        if pads and b not in rows:
+            raise InvalidArgumentError(
+                f"inputs: a prompt holds {pads} <|image_pad|> tokens but no image: give "
+                "pixel_values and image_grid_thw with its tokens, or send the trajectory with "
+                "its image parts"
+            )
     if not rows:
         return None
-    vision = getattr(model.config, "vision_config", None)
     if vision is None:
         raise InvalidArgumentError(
             "inputs: a prompt has images but the base model has no vision tower "
             "(serve a multimodal model such as tiny://qwen3.5-vl)"
         )
     merge = int(vision.spatial_merge_size) ** 2
-    image_token = int(model.config.image_token_id)
+    image_token = int(image_token)
     routes, token = [], 0
     for b in rows:
         count = int(np.asarray(grids[b]).prod(-1).sum()) // merge

@@ -31,15 +31,39 @@ def vision_config(base_model: torch.nn.Module):
 
 
 def check_images_supported(base_model: torch.nn.Module, batch: TenantBatch) -> None:
-    """Refuse image inputs on a model without a vision tower.
+    """Refuse image inputs on a model without a vision tower, and, on a model with one, rows
+    whose ``<|image_pad|>`` tokens are not as many as their images' grids ask for.
+
+    Without this check a row of image tokens and no ``pixel_values`` (for instance a sampled
+    image prompt's ``SampleResult``, which carries tokens only) would be scored as if the
+    image tokens were text: a silently wrong loss.
 
     Raises:
-        InvalidArgumentError: The batch has images and the model reads none.
+        InvalidArgumentError: The batch has images and the model reads none, or the image token
+            count and the grids disagree.
     """
-    if has_images(batch) and vision_config(base_model) is None:
+    vision = vision_config(base_model)
+    if vision is None:
+        if has_images(batch):
+            raise InvalidArgumentError(
+                f"adapter {batch.tenant!r}: inputs carry pixel_values / image_grid_thw but the "
+                "base model has no vision tower (load a multimodal model such as "
+                "tiny://qwen3.5-vl)"
+            )
+        return
+    pads = int((batch.tensors["input_ids"] == base_model.config.image_token_id).sum())
+    grid = batch.tensors["image_grid_thw"].long() if has_images(batch) else None
+    need = 0 if grid is None else int(grid.prod(-1).sum()) // vision.spatial_merge_size**2
+    if pads != need:
+        hint = (
+            " and no pixel_values: give the images with their tokens (pixel_values and "
+            "image_grid_thw), or train on the trajectory; a SampleResult of an image prompt "
+            "carries tokens only"
+            if grid is None
+            else f" but image_grid_thw {grid.tolist()} asks for {need}"
+        )
         raise InvalidArgumentError(
-            f"adapter {batch.tenant!r}: inputs carry pixel_values / image_grid_thw but the base "
-            "model has no vision tower (load a multimodal model such as tiny://qwen3.5-vl)"
+            f"adapter {batch.tenant!r}: input_ids hold {pads} <|image_pad|> tokens{hint}"
         )
 
 
