@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU measurement that issue 4 asks for, in one run that fits a 15-minute device lease
-# (at most 8.5 minutes of work: each step has its own time limit, and a failed step does not stop
-# the others; give the device call a 600 s limit). At most 7 files, all in OUT_DIR. Run from the
+# (at most 9.75 minutes of work: each step has its own time limit, and a failed step does not stop
+# the others; give the device call a 600 s limit). At most 9 files, all in OUT_DIR. Run from the
 # repository root on a CUDA machine, offline:
 #
 #     bash bench/gpu_checks.sh [OUT_DIR]        # default: $OUT, else ./gpu_out
@@ -16,6 +16,8 @@
 #   train_<model>.log    fused vs time-sliced vs limit at N=8, B in {1, 4}, one JSON line per
 #                        point: tiny://qwen3-0.5b (0.44 B parameters, built offline on first
 #                        use) and tiny://qwen3.5-25m
+#   megatron_tp.jsonl    the megatron backend's fused two-tenant step on tiny://qwen3-0.5b, tp=1, and
+#                        tp=2 where two GPUs are lent (one JSON line per tp size)
 #   summary.txt          each step's exit status and the GPU targets read from the JSON lines
 set -u
 out="${1:-${OUT:-gpu_out}}"
@@ -79,5 +81,12 @@ for model in $("$py" bench/gpu_summary.py --models); do
     --models "$model" --tenants 8 --point-seconds 4 --no-rss >"$out/train_$name.log" 2>&1
   grep '^{' "$out/train_$name.log"
 done
+
+# The megatron backend (issue 31): tp=1 on one GPU, tp=1 and 2 when two are lent.
+tps="1"
+if [ "$("$py" -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then tps="1 2"; fi
+step megatron_tp 75 "$py" tools/bench_megatron_tp.py --device cuda --model tiny://qwen3-0.5b \
+  --tp $tps --steps 5 --warmup 2 >"$out/megatron_tp.jsonl" 2>"$out/megatron_tp.log"
+cat "$out/megatron_tp.jsonl"
 
 "$py" bench/gpu_summary.py "$out" | tee -a "$summary"

@@ -15,7 +15,7 @@ pins=$("$py" - <<'PY'
 import importlib.metadata as m
 names = (
     "transformers", "peft", "pydantic", "pydantic-core", "annotated-types", "typing-inspection",
-    "typing-extensions",
+    "typing-extensions", "megatron-core",
 )
 print(" ".join(f"{n}=={m.version(n)}" for n in names))
 PY
