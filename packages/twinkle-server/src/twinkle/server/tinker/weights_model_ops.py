@@ -94,8 +94,12 @@ def tinker_adapter_state(service: Any, call: Call, request: Empty) -> dict[str, 
 
     model = service.model
     if not hasattr(model, "adapter_state_dict"):
-        raise BadRequest("inflight sampling needs the transformers backend on this server")
-    tenant = model.tenant(call.internal)
+        raise BadRequest(
+            "inflight sampling needs the transformers or megatron backend on this server"
+        )
+    # A tensor-parallel megatron model keeps its tenants in its rank processes (no ``tenant``
+    # here); rank 0 holds every adapter whole, so its ``adapter_state_dict`` is the adapter.
+    step = int(model.tenant(call.internal).cur_step) if hasattr(model, "tenant") else None
     state = {
         k: v.detach().to("cpu").contiguous()
         for k, v in model.adapter_state_dict(call.internal).items()
@@ -103,7 +107,7 @@ def tinker_adapter_state(service: Any, call: Call, request: Empty) -> dict[str, 
     return {
         "config": model.adapter_peft_config(call.internal),
         "weights_b64": base64.b64encode(save_tensors(state)).decode("ascii"),
-        "step": int(tenant.cur_step),
+        "step": step,
     }
 
 
