@@ -62,3 +62,27 @@ def test_vllm_prompt_logprobs_with_max_tokens_zero(engine):
         and result.prompt_logprobs[0] is None
         and len(result.prompt_logprobs) == 4
     )
+
+
+def test_an_image_prompt_is_refused_naming_the_reason():
+    """No vLLM build with Qwen3.5's vision tower is available to test image prompts against, so
+    vLLMSampler refuses them before the engine is touched (runs with or without vllm: the
+    engine is never built)."""
+    from twinkle.dataset._self_cognition_vl import draw
+    from twinkle.errors import InvalidArgumentError
+    from twinkle.sampler import vLLMSampler
+    from twinkle.sampler.base import Sampler
+
+    sampler = object.__new__(vLLMSampler)  # no engine: the refusal comes first
+    Sampler.__init__(sampler, "tiny://qwen3.5-vl")
+    sampler.set_template("Qwen3_5Template", model_id="tiny://qwen3.5-vl")
+    image = {"type": "image", "image": draw("circle", "red")}
+    prompts = [
+        {"messages": [{"role": "user", "content": "Hello."}]},
+        {"messages": [{"role": "user", "content": [image, {"type": "text", "text": "What?"}]}]},
+    ]
+    with pytest.raises(InvalidArgumentError) as info:
+        sampler.sample(prompts, {"max_tokens": 2, "temperature": 0.0})
+    message = str(info.value)
+    assert message.startswith("inputs[1]: vLLMSampler does not take images")
+    assert "no multi_modal_data" in message and "TorchSampler" in message

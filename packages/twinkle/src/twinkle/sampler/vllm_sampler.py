@@ -100,8 +100,9 @@ class vLLMSampler(Sampler):
             # Untested here (no vLLM build with Qwen3.5's vision tower on CPU): refuse rather
             # than sample the image tokens as text.
             raise InvalidArgumentError(
-                f"inputs[{with_images[0]}]: VLLMSampler does not take images; "
-                "sample image prompts with TorchSampler"
+                f"inputs[{with_images[0]}]: vLLMSampler does not take images: it sends vLLM "
+                "token ids only (no multi_modal_data), as no vLLM build with Qwen3.5's vision "
+                "tower was available to test it against; sample image prompts with TorchSampler"
             )
         requests = {u: self._lora_request(u) for u in dict.fromkeys(adapter_uris) if u is not None}
         want_prompt = params.prompt_logprobs or params.max_tokens == 0
