@@ -54,7 +54,11 @@ def model(moe_model):
 
 def test_the_megatron_layers_are_moe_with_qwen3_moe_routing(model):
     config = model.model.gpt.config
-    assert (config.num_moe_experts, config.moe_router_topk, config.moe_ffn_hidden_size) == (4, 2, 32)
+    assert (config.num_moe_experts, config.moe_router_topk, config.moe_ffn_hidden_size) == (
+        4,
+        2,
+        32,
+    )
     assert config.moe_router_pre_softmax is False  # norm_topk_prob: top-k renormalised
     assert config.moe_router_load_balancing_type == "none" and config.moe_aux_loss_coeff == 0
     mlp = model.model.gpt.decoder.layers[0].mlp
@@ -111,6 +115,28 @@ def test_lora_on_experts_or_router_is_refused_naming_target_modules(model, targe
     assert "x" not in model.tenants
 
 
+def test_each_expert_parallel_rank_loads_its_experts(monkeypatch):
+    from megatron.core import parallel_state as ps
+
+    config = load_config(MOE)
+    hf = {"model.layers.1.mlp.gate.weight": torch.zeros(4, 64)}
+    for e in range(4):
+        for part in ("gate_proj", "up_proj", "down_proj"):
+            hf[f"model.layers.1.mlp.experts.{e}.{part}.weight"] = torch.full((2, 2), float(e))
+    monkeypatch.setattr(ps, "get_expert_model_parallel_world_size", lambda: 2)
+    monkeypatch.setattr(ps, "get_expert_model_parallel_rank", lambda: 1)
+    got = _moe.expert_weights(hf, 1, "decoder.layers.1.", config)
+    fc1 = "decoder.layers.1.mlp.experts.local_experts.{}.linear_fc1.weight"
+    assert sorted(got) == sorted(
+        ["decoder.layers.1.mlp.router.weight"]
+        + [fc1.format(j) for j in (0, 1)]
+        + [fc1.format(j).replace("fc1", "fc2") for j in (0, 1)]
+    )
+    # rank 1 of 2: local experts 0 and 1 are global experts 2 and 3; fc1 = [gate; up].
+    assert got[fc1.format(0)].shape == (4, 2) and bool((got[fc1.format(0)] == 2).all())
+    assert bool((got[fc1.format(1).replace("fc1", "fc2")] == 3).all())
+
+
 def test_moe_checks_name_the_field():
     config = load_config(MOE)
     _build.check_supported(config, MOE)
@@ -124,3 +150,32 @@ def test_moe_checks_name_the_field():
     mixed.mlp_only_layers = [0]
     with pytest.raises(ValueError, match="mixes dense and MoE layers"):
         _build.check_supported(mixed, MOE)
+
+
+@pytest.mark.slow
+def test_ep2_equals_the_transformers_backend(tmp_path):
+    """Experts split over 2 gloo ranks (megatron's alltoall dispatcher), two tenants r4 / r8:
+    losses, post-step adapters and the saved checkpoint equal the transformers backend."""
+    from safetensors.torch import load_file
+
+    from tests.megatron.test_megatron_parallel import assert_rel_close, train_two_tenants
+    from twinkle.model import MultiLoraTransformersModel
+    from twinkle.model.megatron.parallel import ParallelMegatronModel
+
+    ref_losses, ref_states, ref_dir = train_two_tenants(
+        MultiLoraTransformersModel(MOE), tmp_path / "hf"
+    )
+    with ParallelMegatronModel(MOE, tp_size=1, ep_size=2) as ep2:
+        assert ep2.world == 2
+        losses, states, saved = train_two_tenants(ep2, tmp_path / "ep2")
+    assert losses == pytest.approx(ref_losses, rel=1e-4)
+    assert ref_losses[2] != pytest.approx(ref_losses[0], rel=1e-3)  # the step moved the adapters
+    for name in TENANTS:
+        assert set(states[name]) == set(ref_states[name])
+        for key, want in ref_states[name].items():
+            assert_rel_close(states[name][key], want)
+    files = load_file(f"{saved}/adapter_model.safetensors")
+    ref_files = load_file(f"{ref_dir}/adapter_model.safetensors")
+    assert set(files) == set(ref_files)
+    for key, want in ref_files.items():
+        assert_rel_close(files[key], want)

@@ -24,7 +24,9 @@ Shims (:func:`install_shims`, run only when this backend builds an MoE model):
 * On a CPU-only torch the alltoall dispatcher's constructor calls ``torch.cuda.Stream()``
   (``RuntimeError: torch.cuda.Stream requires CUDA support``) and its forward copies the split
   sizes to the host on that stream. The class gets a placeholder stream and a host-side
-  version of that one step (the tensors are on the host already). With CUDA nothing changes.
+  version of that one step (the tensors are on the host already). The all-to-all's backward
+  allocates on ``torch.cuda.current_device()``, which ``cpu_shims`` answers only during the
+  forward pass; its backward runs under the same shim. With CUDA nothing changes.
 """
 
 from __future__ import annotations
@@ -202,3 +204,45 @@ def install_shims() -> None:
     if D.cuda_dtoh_stream is None:
         D.cuda_dtoh_stream = _PlaceholderStream()
     D._maybe_dtoh_and_synchronize = _host_splits
+    from megatron.core.tensor_parallel import mappings
+
+    backward = mappings._AllToAll.backward
+    if not getattr(backward, "_twinkle_cpu", False):
+        # The all-to-all's backward is another all-to-all, whose output is allocated on
+        # torch.cuda.current_device(): shimmed to the host during the forward pass only
+        # (_build.cpu_shims), so the backward gets the same shim.
+        def cpu_backward(ctx, *grads):
+            from twinkle.model.megatron._build import cpu_shims
+
+            with cpu_shims(torch.device("cpu")):
+                return backward(ctx, *grads)
+
+        cpu_backward._twinkle_cpu = True
+        mappings._AllToAll.backward = staticmethod(cpu_backward)
+
+
+def init_expert_parallel(kwargs: dict[str, Any]) -> None:
+    """In a :class:`~twinkle.model.megatron.parallel.ParallelMegatronModel` worker whose process
+    group exists: megatron's parallel state with ``expert_model_parallel_size = ep_size`` (a
+    no-op at ep 1: the model's own ``init_megatron`` sets tp/pp up).
+
+    megatron carves the expert-parallel groups out of the data-parallel ranks: with tp 1 and
+    pp 1 the ``ep_size`` ranks are megatron's data-parallel ranks. Twinkle feeds every rank the
+    whole batch (see docs/megatron.md, Expert parallel), so no gradient all-reduce is needed.
+    """
+    ep = int(kwargs.get("ep_size", 1) or 1)
+    if ep == 1:
+        return
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(
+            kwargs.get("tp_size", 1),
+            kwargs.get("pp_size", 1) or 1,
+            expert_model_parallel_size=ep,
+        )
+    if ps.get_expert_model_parallel_world_size() != ep:
+        raise RuntimeError(
+            f"megatron parallel state has ep {ps.get_expert_model_parallel_world_size()}, "
+            f"the model asks {ep}"
+        )

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+from twinkle.model.megatron import _moe
 from twinkle.model.megatron.multi_lora import MultiLoraMegatronModel
 
 #: Methods that write files: run on rank 0 alone (every rank holds the same adapters).
@@ -42,6 +43,7 @@ def _worker(rank: int, world: int, port: int, kwargs: dict, inbox, outbox) -> No
             world_size=world,
             rank=rank,
         )
+        _moe.init_expert_parallel(kwargs)  # ep_size > 1: the experts split over the ranks
         model = MultiLoraMegatronModel(**kwargs)
         outbox.put((rank, True, None))
     except BaseException as exc:  # the driver re-raises it
@@ -101,7 +103,8 @@ class ParallelMegatronModel:
     Args:
         model_id: As ``MultiLoraMegatronModel``.
         tp_size: Tensor-parallel size (the number of worker processes).
-        **kwargs: ``MultiLoraMegatronModel`` arguments (torch_dtype, device, seed, options).
+        **kwargs: ``MultiLoraMegatronModel`` arguments (torch_dtype, device, seed, options);
+            ``ep_size`` (an MoE model): its experts split over that many ranks.
 
     Raises:
         ValueError: ``tp_size`` does not divide the model's heads, groups, MLP width or vocab.
@@ -115,7 +118,13 @@ class ParallelMegatronModel:
         hf_config = load_config(model_id)
         _build.check_supported(hf_config, model_id)
         _build.check_tp(hf_config, model_id, tp_size)
+        ep_size = int(kwargs.get("ep_size", 1) or 1)
+        _moe.check_moe(hf_config, model_id, tp_size, ep_size)
         self.tp_size = tp_size
+        # ep: megatron carves the expert groups out of its data-parallel ranks (tp 1 here), so
+        # ep_size ranks per pipeline stage, each fed the whole batch.
+        self.ep_size = ep_size
+        self.world = tp_size * ep_size
         self.model_id, self.model_dir = model_id, resolve_model_dir(model_id)
         self.pager = None
         ctx = mp.get_context("spawn")
@@ -123,15 +132,15 @@ class ParallelMegatronModel:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         self._outbox = ctx.Queue()
-        self._inboxes = [ctx.Queue() for _ in range(tp_size)]
+        self._inboxes = [ctx.Queue() for _ in range(self.world)]
         kw = {"model_id": model_id, "tp_size": tp_size, **kwargs}
         self._procs = [
             ctx.Process(
                 target=_worker,
-                args=(rank, tp_size, port, kw, self._inboxes[rank], self._outbox),
+                args=(rank, self.world, port, kw, self._inboxes[rank], self._outbox),
                 daemon=True,
             )
-            for rank in range(tp_size)
+            for rank in range(self.world)
         ]
         for proc in self._procs:
             proc.start()
@@ -149,7 +158,7 @@ class ParallelMegatronModel:
 
         results: dict[int, tuple[bool, Any]] = {}
         deadline = time.monotonic() + CALL_TIMEOUT_S
-        while len(results) < self.tp_size:
+        while len(results) < self.world:
             try:
                 rank, ok, value = self._outbox.get(timeout=1.0)
             except queue.Empty:
