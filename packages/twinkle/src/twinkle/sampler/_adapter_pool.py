@@ -10,6 +10,7 @@ import json
 import os
 from collections import OrderedDict
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -233,6 +234,26 @@ class AdapterPool:
     def _evict(self, path: Path) -> None:
         name, _ = self._loaded.pop(path)
         remove_adapter(self.model, name)
+
+
+def live_adapter_tensors(model: Any, adapter_name: str | None) -> dict[str, torch.Tensor]:
+    """``model``'s adapter weights, PEFT-keyed: the trainer's own tensors (detached, no copy)
+    when it is the plain transformers model in this process, else its ``adapter_state_dict``
+    (a copy; e.g. Megatron maps its sharded names). Read them before the next step."""
+    from twinkle.model import MultiLoraTransformersModel
+
+    tenant = model.tenant(adapter_name)  # pages the adapter in when paging is on
+    module = getattr(model, "model", None)
+    own = type(model).adapter_state_dict is MultiLoraTransformersModel.adapter_state_dict
+    if not own or not isinstance(module, nn.Module):
+        return model.adapter_state_dict(adapter_name)
+    state = {}
+    for module_name, layer in lora_layers(module).items():
+        if tenant.name in layer.lora_A:
+            for kind in ("lora_A", "lora_B"):
+                weight = getattr(layer, kind)[tenant.name].weight
+                state[f"{PEFT_PREFIX}{module_name}.{kind}.weight"] = weight.detach()
+    return state
 
 
 def _copy_into(model: nn.Module, name: str, state: dict, where: str) -> None:

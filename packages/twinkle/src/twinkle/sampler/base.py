@@ -104,15 +104,13 @@ class Sampler(ABC):
             )
         name = adapter_name or model.tenant(None).name
         uri = f"{LIVE_ADAPTER_SCHEME}{name}"
-        self._put_live_adapter(
-            uri, model.adapter_peft_config(adapter_name), model.adapter_state_dict(adapter_name)
-        )
+        self._put_live_adapter(uri, model, adapter_name)
         self._named[name] = uri
         return uri
 
-    def _put_live_adapter(self, uri: str, config: dict, state: dict) -> None:
-        """Hold the adapter ``state`` (PEFT-keyed tensors) under ``uri``; backends that keep
-        their adapters in this process override it."""
+    def _put_live_adapter(self, uri: str, model: Any, adapter_name: str | None) -> None:
+        """Hold a copy of ``model``'s adapter under ``uri``; backends that keep their adapters
+        in this process override it."""
         raise InvalidArgumentError(
             f"{type(self).__name__} cannot load adapters from memory; TorchSampler can "
             "(or save() and sample with the path)"

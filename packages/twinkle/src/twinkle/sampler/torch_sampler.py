@@ -89,11 +89,13 @@ class TorchSampler(Sampler):
         if adapter_name is not None:
             self._named[adapter_name] = str(adapter_uri)
 
-    def _put_live_adapter(self, uri: str, config: dict, state: dict) -> None:
-        from twinkle.sampler._adapter_pool import check_base_model
+    def _put_live_adapter(self, uri: str, model: Any, adapter_name: str | None) -> None:
+        from twinkle.sampler._adapter_pool import check_base_model, live_adapter_tensors
 
+        config = model.adapter_peft_config(adapter_name)
         check_base_model(config, Path(uri), self.model_id, self.model_dir)
-        self.adapters.put_state(uri, config, state)
+        # The pool copies them into its own adapter: one copy, straight from the trainer's.
+        self.adapters.put_state(uri, config, live_adapter_tensors(model, adapter_name))
 
     # -------------------------------------------------------------- generation
     def _generate(
