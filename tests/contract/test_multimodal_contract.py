@@ -183,15 +183,16 @@ def prompts(ns: Backend, feature) -> list:
 
 
 def sample(ns: Backend, adapter_uri: str | None, feature) -> list:
-    """Greedy (with prompt log-probs) and seeded samples of :func:`prompts`."""
+    """Greedy (with prompt log-probs) and seeded samples of :func:`prompts` with the adapter,
+    then greedy ones of the base."""
     sampler = ns.sampler.TorchSampler(model_id=VL_MODEL)
     sampler.set_template(TEMPLATE)
     greedy = {"max_tokens": 6, "temperature": 0.0, "logprobs": True, "prompt_logprobs": True}
     seeded = {"max_tokens": 6, "temperature": 1.0, "seed": 11, "num_samples": 2, "logprobs": True}
     batch = prompts(ns, feature)
     return [
-        sampler.sample(inputs=batch, sampling_params=params, adapter_uri=adapter_uri)
-        for params in (greedy, seeded)
+        sampler.sample(inputs=batch, sampling_params=params, adapter_uri=uri)
+        for params, uri in ((greedy, adapter_uri), (seeded, adapter_uri), (greedy, None))
     ]
 
 
@@ -214,11 +215,12 @@ def test_image_sft_script_gives_the_same_results_both_ways(backends, vl_server, 
     picture = tmp_path / "picture.png"
     picture.write_bytes(_png(draw("circle", "green")))
     feature = encoded_image_batches(local)[0][0]
-    results = {}
+    results, paths = {}, {}
     for ns in (local, remote):
         model = vl_model(ns)
         batch = image_batch(ns, picture=picture)
         losses, path = sft(model, "vl", batch, VISION_LORA)
+        paths[ns.name] = path
         scored = model.forward_only(inputs=batch, adapter_name="vl")
         results[ns.name] = (
             losses,
@@ -237,8 +239,18 @@ def test_image_sft_script_gives_the_same_results_both_ways(backends, vl_server, 
     for want, got in zip(l_scored["logprobs"], r_scored["logprobs"], strict=True):
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
     assert_same_samples(l_samples, r_samples)
-    # The samples are not all alike: the image prompt's answer differs from the text prompt's.
-    assert l_samples[0][0].sequences[0].tokens != l_samples[0][1].sequences[0].tokens
+    # The adapter is in the samples: the image prompt scores otherwise than on the base.
+    tuned, base = l_samples[0][0].prompt_logprobs[1:], l_samples[2][0].prompt_logprobs[1:]
+    assert not np.allclose(tuned, base, rtol=1e-3)
+    # The locally trained adapter, uploaded to the server, scores the batch as it did locally.
+    uploaded = vl_model(remote)
+    uploaded.add_adapter_to_model("uploaded", dict(VISION_LORA))
+    uploaded.set_template(TEMPLATE, adapter_name="uploaded")
+    uploaded.load(paths["twinkle"], adapter_name="uploaded")
+    again = uploaded.forward_only(
+        inputs=image_batch(remote, picture=picture), adapter_name="uploaded"
+    )
+    assert again["loss"] == pytest.approx(l_scored["loss"], rel=RTOL)
 
 
 def test_text_and_image_tenants_fused_on_the_server_equal_their_local_runs(backends, vl_server):
