@@ -106,6 +106,24 @@ def test_megatron_tensor_parallel_is_accepted_where_the_shapes_divide():
     assert "device_mesh.tp_size" in problem and "num_key_value_heads" in problem
 
 
+def _megatron_moe_problems(mesh, ranks=2):
+    data = tiny_config_data()
+    model = _model(data)
+    model["args"].update(backend="megatron", model_id="tiny://qwen3-moe")
+    model["args"]["device_group"] = {"name": "model", "ranks": ranks, "device_type": "cpu"}
+    model["args"]["device_mesh"] = {"device_type": "cpu", **mesh}
+    return [p for p in _problems(data) if ".args.device_mesh" in p or ".args.backend" in p]
+
+
+def test_megatron_moe_is_accepted_where_built_and_refused_naming_why():
+    assert _megatron_moe_problems({}) == []  # tiny Qwen3-MoE, tp 1: built
+    (problem,) = _megatron_moe_problems({"tp_size": 2})
+    assert "device_mesh.tp_size" in problem and "with the MoE model" in problem
+    (problem,) = _megatron_moe_problems({"dp_size": 2, "ep_size": 2})
+    assert "device_mesh.ep_size: 2 > 1 is refused by backend 'megatron'" in problem
+    assert "served expert parallel is not built" in problem
+
+
 def test_megatron_without_megatron_core(monkeypatch):
     data = tiny_config_data()
     _model(data)["args"].update(backend="megatron", model_id="tiny://qwen3")

@@ -97,8 +97,10 @@ def _model_problems(app: ApplicationConfig) -> list[str]:
 MEGATRON_UNSUPPORTED = {
     "pp_size": "pipeline parallel is not built yet (microbatches that keep per-tenant loss "
     "normalisation exact); use tp_size",
-    "ep_size": "expert parallel needs an MoE model, and the megatron backend builds Qwen3 dense "
-    "models only",
+    "ep_size": "served expert parallel is not built (the library's ParallelMegatronModel(ep_size="
+    "N) splits a Qwen3-MoE model's experts over N ranks, each fed the whole batch; serving it "
+    "needs the dp x ep world, rows split over the data-parallel ranks megatron carves the "
+    "expert groups from); serve MoE models with ep_size 1",
 }
 
 
