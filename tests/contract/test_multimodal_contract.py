@@ -346,3 +346,54 @@ def test_image_tokens_without_their_image_are_refused_both_ways(backends):
         assert model.forward_only(inputs=batch, adapter_name="scored")["loss"] == before
         with pytest.raises((refused[ns.name], RuntimeError, ValueError), match="gradient"):
             model.clip_grad_norm(adapter_name="scored")
+
+
+def _encoded(image, fmt: str, **kwargs) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt, **kwargs)
+    return buffer.getvalue()
+
+
+def test_image_modes_and_formats_score_the_same_both_ways(backends):
+    """Locally the library decodes each image; remotely the client re-encodes PIL images as PNG
+    and the server decodes: alpha, palette, grey, 16-bit, CMYK, JPEG, WebP, GIF and an EXIF
+    rotation must reach the model as the same pixels."""
+    from PIL import Image
+
+    base = draw("circle", "red", 40)
+    rgba = base.convert("RGBA")
+    rgba.putpixel((0, 0), (0, 0, 0, 0))
+    exif = base.getexif()
+    exif[0x0112] = 6  # "rotate 90": the orientation tag
+    images = [
+        rgba,
+        base.convert("P"),
+        base.convert("LA"),
+        base.convert("I;16"),
+        base.convert("1"),
+        Image.open(io.BytesIO(_encoded(base, "JPEG"))),
+        _encoded(base.convert("CMYK"), "JPEG"),
+        _encoded(base, "WEBP"),
+        _encoded(base, "GIF"),
+        _encoded(base.crop((0, 0, 40, 24)), "JPEG", exif=exif),
+    ]
+    scored = []
+    for ns in backends:
+        Message, Trajectory = ns.data_format.Message, ns.data_format.Trajectory
+        batch = [
+            Trajectory(
+                messages=[
+                    Message(role="user", content=[{"type": "image", "image": image}]),
+                    Message(role="assistant", content="A red circle."),
+                ]
+            )
+            for image in images
+        ]
+        model = vl_model(ns)
+        model.add_adapter_to_model("modes", dict(LORA))
+        model.set_template(TEMPLATE, adapter_name="modes")
+        scored.append(model.forward_only(inputs=batch, adapter_name="modes"))
+    want, got = scored
+    assert got["loss"] == pytest.approx(want["loss"], rel=RTOL)
+    for w, g in zip(want["logprobs"], got["logprobs"], strict=True):
+        np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL)
