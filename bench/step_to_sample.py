@@ -13,7 +13,10 @@ has. Modes, interleaved repeat by repeat (the order rotates) so the machine's dr
   http   ``checkpoint``  ``model.save(name)`` (a POST, files + checkpoint record) then sample
                          with its ``twinkle://`` path (the sampler loads it from disk)
 Every mode reports the median and min of the total, and of its two parts (``handover``: the
-publish or the save; ``sample``: the one-token sample, adapter load included). A final check
+publish or the save; ``sample``: the one-token sample, adapter load included), plus
+``warm_sample`` (the same sample once more, adapter in place: the floor both modes pay) and
+``weights_to_sampler`` (total minus that floor: what getting the new weights to the sampler
+costs). A final check
 samples the same weights both ways and reports whether the log-probabilities are equal.
 
 Prints one JSON object per line, then a summary line with the ratios side by side.
@@ -42,15 +45,18 @@ LORA = {"r": 8, "lora_alpha": 32, "target_modules": "all-linear"}
 
 def summarise(samples: list[dict]) -> dict:
     out = {}
-    for part in ("total", "handover", "sample"):
+    for part in ("total", "handover", "sample", "warm_sample", "weights_to_sampler"):
         values = [s[part] * 1000 for s in samples]
         out[f"{part}_median_ms"] = round(statistics.median(values), 2)
         out[f"{part}_min_ms"] = round(min(values), 2)
     return out
 
 
-def run_modes(modes: dict, step, repeats: int) -> dict[str, dict]:
-    """``modes``: name -> fn(i) returning (t_handover_done); each timed after ``step()``."""
+def run_modes(modes: dict, step, again, repeats: int) -> dict[str, dict]:
+    """``modes``: name -> fn(i) returning (t_handover_done); each timed after ``step()``.
+
+    ``again()`` then samples once more with the adapter already in place: the floor both modes
+    pay (the one-token forward); ``weights_to_sampler`` is the total minus that floor."""
     names = list(modes)
     times: dict[str, list[dict]] = {n: [] for n in names}
     for i in range(repeats):
@@ -60,7 +66,17 @@ def run_modes(modes: dict, step, repeats: int) -> dict[str, dict]:
             t0 = time.perf_counter()
             t1 = modes[name](f"{name}-{i}")
             t2 = time.perf_counter()
-            times[name].append({"total": t2 - t0, "handover": t1 - t0, "sample": t2 - t1})
+            again()
+            warm = time.perf_counter() - t2
+            times[name].append(
+                {
+                    "total": t2 - t0,
+                    "handover": t1 - t0,
+                    "sample": t2 - t1,
+                    "warm_sample": warm,
+                    "weights_to_sampler": t2 - t0 - warm,
+                }
+            )
     return {n: summarise(times[n]) for n in names}
 
 
@@ -81,20 +97,25 @@ def local_bench(model_id: str, repeats: int, storage: Path, threads: int = 1) ->
         model.forward_backward(ROWS)
         model.clip_grad_and_step()
 
+    last = {}
+
     def memory(_):
-        uri = sampler.load_adapter_from_model(model, "t")
+        last["uri"] = uri = sampler.load_adapter_from_model(model, "t")
         t = time.perf_counter()
         sampler.sample(PROMPT, ONE_TOKEN, adapter_uri=uri)
         return t
 
     def checkpoint(name):
-        path = model.save(name, output_dir=storage, save_optimizer=False)
+        last["uri"] = path = model.save(name, output_dir=storage, save_optimizer=False)
         t = time.perf_counter()
         sampler.sample(PROMPT, ONE_TOKEN, adapter_uri=path)
         return t
 
+    def again():
+        sampler.sample(PROMPT, ONE_TOKEN, adapter_uri=last["uri"])
+
     step(), memory("warm"), checkpoint("warm")  # first-call costs (allocations) out of the way
-    modes = run_modes({"memory": memory, "checkpoint": checkpoint}, step, repeats)
+    modes = run_modes({"memory": memory, "checkpoint": checkpoint}, step, again, repeats)
     check = {"max_tokens": 8, "temperature": 0.0}
     live = sampler.sample(PROMPT, check, adapter_uri=sampler.load_adapter_from_model(model, "t"))
     saved = sampler.sample(
@@ -132,28 +153,38 @@ def http_bench(model_id: str, repeats: int, storage: Path, threads: int = 1) -> 
             model.forward_backward(inputs=ROWS)
             model.clip_grad_and_step()
 
+        last = {}
+
         def memory(_):
-            uri = sampler.load_adapter_from_model(model, "t")
+            last["uri"] = uri = sampler.load_adapter_from_model(model, "t")
             t = time.perf_counter()
             sampler.sample(PROMPT, ONE_TOKEN, adapter_uri=uri)
             return t
 
         def memory_b64(_):
             body = {"base_model": base, "adapter_name": "t", "encoding": "base64"}
-            uri = client.http.post("/api/v1/publish_live_adapter", body)["adapter_uri"]
+            last["uri"] = uri = client.http.post("/api/v1/publish_live_adapter", body)[
+                "adapter_uri"
+            ]
             t = time.perf_counter()
             sampler.sample(PROMPT, ONE_TOKEN, adapter_uri=uri)
             return t
 
         def checkpoint(name):
-            path = model.save(name)
+            last["uri"] = path = model.save(name)
             t = time.perf_counter()
             sampler.sample(PROMPT, ONE_TOKEN, adapter_uri=path)
             return t
 
+        def again():
+            sampler.sample(PROMPT, ONE_TOKEN, adapter_uri=last["uri"])
+
         step(), memory("warm"), memory_b64("warm"), checkpoint("warm")
         modes = run_modes(
-            {"memory": memory, "memory_b64": memory_b64, "checkpoint": checkpoint}, step, repeats
+            {"memory": memory, "memory_b64": memory_b64, "checkpoint": checkpoint},
+            step,
+            again,
+            repeats,
         )
         check = {"max_tokens": 8, "temperature": 0.0}
         live = sampler.sample(PROMPT, check, adapter_uri=sampler.load_adapter_from_model(model))
@@ -200,6 +231,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     "checkpoint_over_memory_min": round(
                         modes["checkpoint"]["total_min_ms"] / modes["memory"]["total_min_ms"], 2
                     ),
+                    "weights_to_sampler_ratio_median": round(
+                        modes["checkpoint"]["weights_to_sampler_median_ms"]
+                        / max(modes["memory"]["weights_to_sampler_median_ms"], 1e-3),
+                        2,
+                    ),
                     "logprobs_equal": result["logprobs_equal"],
                 }
                 if "memory_b64" in modes:
@@ -219,6 +255,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 "checkpoint_ms": r["checkpoint"]["total_median_ms"],
                 "ratio": r["checkpoint_over_memory_median"],
                 "ratio_min": r["checkpoint_over_memory_min"],
+                "floor_ms": r["memory"]["warm_sample_median_ms"],
+                "weights_to_sampler_ratio": r["weights_to_sampler_ratio_median"],
             }
             for r in records
         ],
