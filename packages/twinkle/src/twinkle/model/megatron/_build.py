@@ -120,8 +120,9 @@ def quiet_megatron_warnings() -> None:
         warnings.filterwarnings("ignore", message=message, module="megatron")
 
 
-def init_megatron(device: torch.device, seed: int = 0, tp_size: int = 1) -> None:
-    """Megatron's parallel state with tensor parallel size ``tp_size``.
+def init_megatron(device: torch.device, seed: int = 0, tp_size: int = 1, pp_size: int = 1) -> None:
+    """Megatron's parallel state with tensor parallel size ``tp_size`` and pipeline parallel
+    size ``pp_size`` (the rest of the world is data parallel).
 
     A worker of :class:`~twinkle.model.megatron.parallel.ParallelMegatronModel` has joined its
     process group already; a lone process gets a one-process world (gloo on CPU, nccl on CUDA).
@@ -142,11 +143,14 @@ def init_megatron(device: torch.device, seed: int = 0, tp_size: int = 1) -> None
             rank=0,
         )
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tp_size, 1)
-    if parallel_state.get_tensor_model_parallel_world_size() != tp_size:
+        parallel_state.initialize_model_parallel(tp_size, pp_size)
+    have = (
+        parallel_state.get_tensor_model_parallel_world_size(),
+        parallel_state.get_pipeline_model_parallel_world_size(),
+    )
+    if have != (tp_size, pp_size):
         raise RuntimeError(
-            f"megatron parallel state has tp "
-            f"{parallel_state.get_tensor_model_parallel_world_size()}, the model asks {tp_size}"
+            f"megatron parallel state has (tp, pp) {have}, the model asks {(tp_size, pp_size)}"
         )
     if device.type == "cpu" and not torch.cuda.is_available():
         mrandom._CUDA_RNG_STATE_TRACKER = _NoopRngTracker()
@@ -155,12 +159,14 @@ def init_megatron(device: torch.device, seed: int = 0, tp_size: int = 1) -> None
         mrandom.model_parallel_cuda_manual_seed(seed)  # untested here: no GPU on dev machines
 
 
-def transformer_config(hf_config: Any, dtype: torch.dtype):
+def transformer_config(hf_config: Any, dtype: torch.dtype, pp_size: int = 1):
     """Megatron's ``TransformerConfig`` equal to a Qwen3 HF config (RMSNorm, SwiGLU, GQA, qk-norm)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     return TransformerConfig(
         num_layers=hf_config.num_hidden_layers,
+        pipeline_model_parallel_size=pp_size,  # each stage builds num_layers / pp_size layers
+        pipeline_dtype=dtype,
         hidden_size=hf_config.hidden_size,
         num_attention_heads=hf_config.num_attention_heads,
         num_query_groups=hf_config.num_key_value_heads,
@@ -191,7 +197,11 @@ def transformer_config(hf_config: Any, dtype: torch.dtype):
     )
 
 
-def build_gpt(hf_config: Any, dtype: torch.dtype):
+def build_gpt(hf_config: Any, dtype: torch.dtype, pp_size: int = 1, stage: int = 0):
+    """The GPTModel of pipeline stage ``stage`` (embedding on the first, final norm and output
+    layer on the last). Under pp > 1 the output layer is untied: megatron would tie it to the
+    first stage's embedding with a construction-time all-reduce that moves the weight to
+    ``.cuda()``; the base is frozen, so a loaded copy is exact."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
@@ -200,7 +210,7 @@ def build_gpt(hf_config: Any, dtype: torch.dtype):
     if _moe.is_moe(hf_config):
         _moe.install_shims()
     return GPTModel(
-        config=transformer_config(hf_config, dtype),
+        config=transformer_config(hf_config, dtype, pp_size),
         transformer_layer_spec=get_gpt_layer_local_spec(
             num_experts=_moe.num_experts(hf_config), qk_layernorm=True, normalization="RMSNorm"
         ),
@@ -208,7 +218,9 @@ def build_gpt(hf_config: Any, dtype: torch.dtype):
         max_sequence_length=hf_config.max_position_embeddings,
         position_embedding_type="rope",
         rotary_base=theta,
-        share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings),
+        share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings) and pp_size == 1,
+        pre_process=stage == 0,
+        post_process=stage == pp_size - 1,
         # Logits gathered over the vocab shards: every tp rank computes each tenant's loss
         # exactly as one process does (the gather's backward hands each rank its slice).
         parallel_output=False,
@@ -270,19 +282,22 @@ def load_hf_weights(
     hf_config: Any,
     tp_size: int = 1,
     tp_rank: int = 0,
+    layers: range | None = None,
 ) -> None:
-    """Copy a Qwen3 HF state dict into ``gpt`` (this tp rank's shards); every megatron parameter
-    must be filled.
+    """Copy a Qwen3 HF state dict into ``gpt`` (this tp rank's shards; under pp the HF layers
+    ``layers`` of this stage, embedding and head where the stage has them); every megatron
+    parameter must be filled.
 
     Raises:
         ValueError: On a missing HF tensor, a shape mismatch or an unfilled megatron parameter.
     """
     groups = hf_config.num_key_value_heads
-    target: dict[str, torch.Tensor] = {
-        "embedding.word_embeddings.weight": hf["model.embed_tokens.weight"]
-    }
-    for i in range(hf_config.num_hidden_layers):
-        src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
+    layers = range(hf_config.num_hidden_layers) if layers is None else layers
+    target: dict[str, torch.Tensor] = {}
+    if getattr(gpt, "pre_process", True):
+        target["embedding.word_embeddings.weight"] = hf["model.embed_tokens.weight"]
+    for local, i in enumerate(layers):
+        src, dst = f"model.layers.{i}.", f"decoder.layers.{local}."
         attn, mlp = src + "self_attn.", src + "mlp."
         target.update(
             {
@@ -312,9 +327,13 @@ def load_hf_weights(
             target[dst + "self_attention.linear_qkv.bias"] = qkv_layout(
                 hf[attn + "q_proj.bias"], hf[attn + "k_proj.bias"], hf[attn + "v_proj.bias"], groups
             )
-    target["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
-    if not hf_config.tie_word_embeddings:
-        target["output_layer.weight"] = hf["lm_head.weight"]
+    if getattr(gpt, "post_process", True):
+        target["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
+        if not getattr(gpt, "share_embeddings_and_output_weights", True):
+            tied = hf_config.tie_word_embeddings or "lm_head.weight" not in hf
+            target["output_layer.weight"] = hf[
+                "model.embed_tokens.weight" if tied else "lm_head.weight"
+            ]
     params = dict(gpt.named_parameters())
     unfilled = sorted(set(params) - set(target))
     if unfilled:

@@ -40,9 +40,12 @@ class _ShapeOnlyLinear(nn.Module):
 
 
 class _HFView(nn.Module):
-    """``layers[i].self_attn.{q,k,v,o}_proj`` and ``layers[i].mlp.{gate,up,down}_proj``."""
+    """``layers[i].self_attn.{q,k,v,o}_proj`` and ``layers[i].mlp.{gate,up,down}_proj``; under
+    pipeline parallel only this stage's ``layers`` (HF indices kept: ``layers.<i>`` names)."""
 
-    def __init__(self, hf_config: Any, router: LoraRouter, like: torch.Tensor) -> None:
+    def __init__(
+        self, hf_config: Any, router: LoraRouter, like: torch.Tensor, layers: range | None = None
+    ) -> None:
         super().__init__()
         h = hf_config.hidden_size
         # An MoE layer's router and experts are no nn.Linear in HF either (3-D expert
@@ -58,8 +61,9 @@ class _HFView(nn.Module):
         def lin(i: int, o: int) -> MultiLoraLinear:
             return MultiLoraLinear(_ShapeOnlyLinear(i, o, like), router)
 
+        indices = range(hf_config.num_hidden_layers) if layers is None else layers
         layers = []
-        for _ in range(hf_config.num_hidden_layers):
+        for _ in indices:
             layer = nn.Module()
             layer.self_attn = nn.Module()
             for name, (i, o) in {
@@ -74,7 +78,10 @@ class _HFView(nn.Module):
             for name, (i, o) in (mlp_parts if dense_mlp else {}).items():
                 setattr(layer.mlp, name, lin(i, o))
             layers.append(layer)
-        self.layers = nn.ModuleList(layers)
+        if len(indices) == hf_config.num_hidden_layers:
+            self.layers = nn.ModuleList(layers)
+        else:  # a pipeline stage: keyed by the HF index, so adapter names stay the HF model's
+            self.layers = nn.ModuleDict({str(i): layer for i, layer in zip(indices, layers)})
 
 
 class _LoraParallelLinear(nn.Module):
@@ -147,16 +154,19 @@ class MegatronCausalLM(nn.Module):
         router: LoraRouter,
         device: torch.device,
         tp_size: int = 1,
+        layers: range | None = None,
     ) -> None:
         super().__init__()
-        like = gpt.embedding.word_embeddings.weight
-        self.model = _HFView(hf_config, router, like)
+        like = next(gpt.parameters())  # a pipeline stage past the first has no embedding
+        self.model = _HFView(hf_config, router, like, layers)
         self.gpt = gpt
         self.config = hf_config
         self._device = device
         self.tp_size = tp_size
         groups = hf_config.num_key_value_heads
-        for view, layer in zip(self.model.layers, gpt.decoder.layers):
+        views = self.model.layers
+        views = views.values() if isinstance(views, nn.ModuleDict) else views
+        for view, layer in zip(views, gpt.decoder.layers, strict=True):
             attn, mlp = layer.self_attention, layer.mlp
             a, m = view.self_attn, view.mlp
             attn.linear_qkv = _LoraParallelLinear(
@@ -189,14 +199,24 @@ class MegatronCausalLM(nn.Module):
         position_ids: torch.Tensor | None = None,
         **_: Any,
     ) -> SimpleNamespace:
-        rows, seq = input_ids.shape
-        if position_ids is None:
-            position_ids = torch.arange(seq, device=input_ids.device).expand(rows, seq)
-        # Megatron's mask: True = not attended. Causal, plus padded keys when a mask is given.
-        mask = torch.ones(seq, seq, dtype=torch.bool, device=input_ids.device).triu(1)
-        mask = mask.expand(rows, 1, seq, seq)
-        if attention_mask is not None and not bool(attention_mask.all()):
-            mask = mask | (attention_mask == 0)[:, None, None, :]
+        position_ids, mask = megatron_inputs(input_ids, attention_mask, position_ids)
         with cpu_shims(self._device):
             logits = self.gpt(input_ids, position_ids, mask)
         return SimpleNamespace(logits=logits)
+
+
+def megatron_inputs(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Position ids and megatron's attention mask (True = not attended): causal, plus padded
+    keys when a mask is given."""
+    rows, seq = input_ids.shape
+    if position_ids is None:
+        position_ids = torch.arange(seq, device=input_ids.device).expand(rows, seq)
+    mask = torch.ones(seq, seq, dtype=torch.bool, device=input_ids.device).triu(1)
+    mask = mask.expand(rows, 1, seq, seq)
+    if attention_mask is not None and not bool(attention_mask.all()):
+        mask = mask | (attention_mask == 0)[:, None, None, :]
+    return position_ids, mask

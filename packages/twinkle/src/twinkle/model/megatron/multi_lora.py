@@ -47,6 +47,9 @@ class MultiLoraMegatronModel(MultiLoraTransformersModel):
         RuntimeError: megatron-core is not installed.
     """
 
+    #: The base model's wrapper (a pipeline stage's model replaces it: ``_pp``).
+    causal_lm_class = MegatronCausalLM
+
     def __init__(
         self,
         model_id: str,
@@ -55,6 +58,7 @@ class MultiLoraMegatronModel(MultiLoraTransformersModel):
         seed: int = 0,
         options: ExecutionOptions | dict[str, Any] | None = None,
         tp_size: int = 1,
+        pp_size: int = 1,
         **unused: Any,
     ) -> None:
         self.options = resolve_options(options)
@@ -77,17 +81,26 @@ class MultiLoraMegatronModel(MultiLoraTransformersModel):
             else (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         )
         _build.check_tp(hf_config, model_id, tp_size)
-        _build.init_megatron(self.device, seed, tp_size)
+        _build.init_megatron(self.device, seed, tp_size, pp_size)
         from megatron.core import parallel_state
 
         self.tp_size, self.tp_rank = tp_size, parallel_state.get_tensor_model_parallel_rank()
-        gpt = _build.build_gpt(hf_config, dtype)
+        self.pp_size, self.stage = pp_size, parallel_state.get_pipeline_model_parallel_rank()
+        # This pipeline stage's HF layers (all of them at pp 1), megatron's even split.
+        per_stage = hf_config.num_hidden_layers // pp_size
+        self.layers = range(self.stage * per_stage, (self.stage + 1) * per_stage)
+        gpt = _build.build_gpt(hf_config, dtype, pp_size, self.stage)
         _build.load_hf_weights(
-            gpt, _build.read_hf_state_dict(self.model_dir), hf_config, tp_size, self.tp_rank
+            gpt,
+            _build.read_hf_state_dict(self.model_dir),
+            hf_config,
+            tp_size,
+            self.tp_rank,
+            self.layers,
         )
         self.router = LoraRouter(kernel=self.options.lora_kernel)
-        self.model = MegatronCausalLM(
-            gpt.to(self.device), hf_config, self.router, self.device, tp_size
+        self.model = self.causal_lm_class(
+            gpt.to(self.device), hf_config, self.router, self.device, tp_size, self.layers
         )
         self.model.requires_grad_(False)
         self.model.eval()

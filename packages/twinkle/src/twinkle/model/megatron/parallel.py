@@ -1,12 +1,15 @@
-"""``ParallelMegatronModel``: one multi-LoRA megatron model over ``tp_size`` worker processes.
+"""``ParallelMegatronModel``: one multi-LoRA megatron model over ``tp_size * pp_size`` worker
+processes.
 
 Each worker is a spawned process that joins one gloo (CPU) or nccl (CUDA) process group, calls
-megatron-core's ``parallel_state.initialize_model_parallel(tp_size, 1)`` and builds a
+megatron-core's ``parallel_state.initialize_model_parallel(tp_size, pp_size)`` and builds a
 :class:`~twinkle.model.megatron.MultiLoraMegatronModel` holding its tensor-parallel shards of the
-HF weights. The driver sends every method call to all ranks in the same order (collectives in
-megatron's layers pair up across ranks) and answers rank 0's result. Adapters are replicated
-(see :mod:`~twinkle.model.megatron._tp_lora`), so ``save`` runs on rank 0 only: one standard
-PEFT checkpoint, written once.
+HF weights (under pp > 1 a :class:`~twinkle.model.megatron._pp_model.PipelineMegatronModel` of
+its stage's layers). The driver sends every method call to all ranks in the same order
+(collectives and pipeline sends pair up across ranks) and answers the last stage's first rank
+(:func:`answer_rank`). Adapters are replicated over tp (see
+:mod:`~twinkle.model.megatron._tp_lora`), so at pp 1 ``save`` runs on that rank only; under pp
+every rank takes part and one writes: one standard PEFT checkpoint, written once.
 """
 
 from __future__ import annotations
@@ -22,10 +25,18 @@ import torch.multiprocessing as mp
 from twinkle.model.megatron import _moe
 from twinkle.model.megatron.multi_lora import MultiLoraMegatronModel
 
-#: Methods that write files: run on rank 0 alone (every rank holds the same adapters).
+#: Methods that write files: run on the answering rank alone (every tp rank holds the same
+#: adapters). Under pp ``save`` runs on every rank: the stages gather their layers, one writes.
 RANK0_ONLY = frozenset({"save", "upload_to_hub"})
 #: Seconds a worker may take to build its model or answer one call before the driver gives up.
 CALL_TIMEOUT_S = 600.0
+
+
+def answer_rank(tp_size: int, pp_size: int, dp_size: int = 1) -> int:
+    """The rank whose results the driver answers: the last pipeline stage (its logits and
+    losses), tensor rank 0, data-parallel rank 0. megatron's rank order is tp-cp-ep-dp-pp
+    (pp outermost), so that is the first rank of the last stage."""
+    return tp_size * dp_size * (pp_size - 1)
 
 
 def _worker(rank: int, world: int, port: int, kwargs: dict, inbox, outbox) -> None:
@@ -44,7 +55,13 @@ def _worker(rank: int, world: int, port: int, kwargs: dict, inbox, outbox) -> No
             rank=rank,
         )
         _moe.init_expert_parallel(kwargs)  # ep_size > 1: the experts split over the ranks
-        model = MultiLoraMegatronModel(**kwargs)
+        pp, answer = kwargs.get("pp_size", 1), kwargs.pop("answer_rank", 0)
+        if pp > 1:
+            from twinkle.model.megatron._pp_model import PipelineMegatronModel
+
+            model = PipelineMegatronModel(**kwargs)
+        else:
+            model = MultiLoraMegatronModel(**kwargs)
         outbox.put((rank, True, None))
     except BaseException as exc:  # the driver re-raises it
         outbox.put((rank, False, _portable(exc)))
@@ -55,13 +72,13 @@ def _worker(rank: int, world: int, port: int, kwargs: dict, inbox, outbox) -> No
             break
         name, args, kw = message
         try:
-            if name in RANK0_ONLY and rank != 0:
+            if name in RANK0_ONLY and rank != answer and not (pp > 1 and name == "save"):
                 result = None
             else:
                 result = getattr(model, name)(*args, **kw)
                 if callable(result) or name == "routes":
                     raise TypeError(f"{name} returns a context or callable; not remotable")
-            outbox.put((rank, True, result if rank == 0 else None))
+            outbox.put((rank, True, result if rank == answer else None))
         except BaseException as exc:
             outbox.put((rank, False, _portable(exc)))
     import torch.distributed as dist
@@ -95,36 +112,50 @@ def _remotable() -> frozenset[str]:
 
 
 class ParallelMegatronModel:
-    #: What the server offers (``capabilities_of`` reads the class): the in-process model's.
-    capabilities = MultiLoraMegatronModel.capabilities
-
-    """The :class:`MultiLoraMegatronModel` API, each call run on ``tp_size`` ranks.
+    """The :class:`MultiLoraMegatronModel` API, each call run on ``tp_size * pp_size`` ranks.
 
     Args:
         model_id: As ``MultiLoraMegatronModel``.
-        tp_size: Tensor-parallel size (the number of worker processes).
+        tp_size: Tensor-parallel size.
+        pp_size: Pipeline-parallel size (stages of ``num_hidden_layers / pp_size`` layers; see
+            :mod:`~twinkle.model.megatron._pp`).
+        num_microbatches: Microbatches per pipeline pass (default ``pp_size``).
         **kwargs: ``MultiLoraMegatronModel`` arguments (torch_dtype, device, seed, options);
             ``ep_size`` (an MoE model): its experts split over that many ranks.
 
     Raises:
-        ValueError: ``tp_size`` does not divide the model's heads, groups, MLP width or vocab.
+        ValueError: ``tp_size`` does not divide the model's heads, groups, MLP width or vocab, or
+            ``pp_size`` its layers.
         RuntimeError: A worker failed to start (its error is the cause).
     """
 
-    def __init__(self, model_id: str, tp_size: int = 2, **kwargs: Any) -> None:
+    #: What the server offers (``capabilities_of`` reads the class): the in-process model's.
+    capabilities = MultiLoraMegatronModel.capabilities
+
+    def __init__(
+        self,
+        model_id: str,
+        tp_size: int = 2,
+        pp_size: int = 1,
+        num_microbatches: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         from twinkle.hub import load_config, resolve_model_dir
         from twinkle.model.megatron import _build
+        from twinkle.model.megatron._pp import check_pp
 
         hf_config = load_config(model_id)
         _build.check_supported(hf_config, model_id)
         _build.check_tp(hf_config, model_id, tp_size)
         ep_size = int(kwargs.get("ep_size", 1) or 1)
         _moe.check_moe(hf_config, model_id, tp_size, ep_size)
-        self.tp_size = tp_size
+        check_pp(hf_config, model_id, pp_size)
+        self.tp_size, self.pp_size = tp_size, pp_size
         # ep: megatron carves the expert groups out of its data-parallel ranks (tp 1 here), so
         # ep_size ranks per pipeline stage, each fed the whole batch.
         self.ep_size = ep_size
-        self.world = tp_size * ep_size
+        self.world = tp_size * pp_size * ep_size
+        self.answer = answer_rank(tp_size, pp_size, ep_size)
         self.model_id, self.model_dir = model_id, resolve_model_dir(model_id)
         self.pager = None
         ctx = mp.get_context("spawn")
@@ -134,6 +165,9 @@ class ParallelMegatronModel:
         self._outbox = ctx.Queue()
         self._inboxes = [ctx.Queue() for _ in range(self.world)]
         kw = {"model_id": model_id, "tp_size": tp_size, **kwargs}
+        if pp_size > 1:
+            kw.update(pp_size=pp_size, num_microbatches=num_microbatches)
+        kw["answer_rank"] = self.answer
         self._procs = [
             ctx.Process(
                 target=_worker,
@@ -152,7 +186,8 @@ class ParallelMegatronModel:
 
     def _collect(self, name: str) -> Any:
         """Every rank's answer to ``name``; raises at once when a rank has died (its peers would
-        wait on it in their next collective forever)."""
+        wait on it in their next collective forever). The answering rank's error comes first (an
+        earlier pipeline stage's is only the consequence)."""
         import queue
         import time
 
@@ -172,11 +207,11 @@ class ParallelMegatronModel:
                     ) from None
                 continue
             results[rank] = (ok, value)
-        for rank in sorted(results):
+        for rank in [self.answer, *sorted(results)]:
             ok, value = results[rank]
             if not ok:
                 raise value
-        return results[0][1]
+        return results[self.answer][1]
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Run ``model.<name>(*args, **kwargs)`` on every rank; rank 0's result."""

@@ -1,0 +1,172 @@
+"""Pipeline parallel: one stage of the megatron GPTModel, activations sent between stages.
+
+Every rank runs the same training code (``fused_forward_backward``, ``forward``/``backward``,
+reference passes): the stage's model call is where the pipeline lives. The call splits the pass's
+rows into microbatches; per microbatch the first stage embeds and runs its layers, each later
+stage receives the previous stage's ``[seq, rows, hidden]`` activations, runs its layers and
+sends them on; the last stage's output layer gives the logits, concatenated over microbatches.
+So the loss is computed by the last stage on the WHOLE pass: each tenant's normaliser (tokens,
+rows, ...) is the whole batch's and any twinkle loss is exact, whatever the microbatch count.
+
+Backward: the last stage's loss backward reaches each microbatch's received activations, whose
+gradient hook sends it to the previous stage; there a stand-in (:class:`_Tail`) receives it as
+the gradient of that stage's output and autograd continues through its layers. An earlier stage
+has no logits: it hands the training code zero logits, whose loss value is discarded (the
+driver answers the last stage's results) and whose gradient is ignored. That keeps every rank
+on one code path at the cost of a logits-sized zero tensor and its gradient on the earlier
+stages.
+
+Sends are ``torch.distributed.isend`` (completed before the next pass), receives blocking, each
+tagged by microbatch so that stages may run their microbatches' backward in any order. Why not
+megatron-core's ``p2p_communication`` / ``schedules``: in 0.16.1 they allocate their shape and
+buffer tensors on ``torch.cuda.current_device()`` and call ``torch.cuda.synchronize()`` (no CPU
+gloo path), and their schedules take a loss function per microbatch, so a tenant's loss could
+not see its whole batch (sequence-level and grouped losses, exact per-tenant normalisation).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from twinkle.model.megatron._build import cpu_shims
+from twinkle.model.megatron._model import MegatronCausalLM, _ShapeOnlyLinear, megatron_inputs
+
+#: Tag offsets: forward activations (stage k -> k+1) and their gradients (k+1 -> k).
+ACTIVATION_TAG, GRADIENT_TAG = 0, 100_000
+
+
+def check_pp(hf_config: Any, model_id: str, pp_size: int) -> None:
+    """Refuse a pipeline size the layers do not split evenly by (megatron's even split).
+
+    Raises:
+        ValueError: Naming the layer count.
+    """
+    if pp_size < 1:
+        raise ValueError(f"pp_size must be >= 1, got {pp_size}")
+    layers = hf_config.num_hidden_layers
+    if layers % pp_size:
+        raise ValueError(
+            f"backend 'megatron': pp_size {pp_size} does not divide {model_id}'s "
+            f"num_hidden_layers ({layers}): every stage holds the same number of layers"
+        )
+
+
+def stage_layers(num_layers: int, pp_size: int, stage: int) -> range:
+    """The HF layer indices pipeline stage ``stage`` holds (megatron's even split)."""
+    per = num_layers // pp_size
+    return range(stage * per, (stage + 1) * per)
+
+
+def microbatch_rows(rows: int, microbatches: int) -> list[slice]:
+    """``rows`` cut into at most ``microbatches`` contiguous, near-equal slices."""
+    n = max(1, min(microbatches, rows))
+    base, extra = divmod(rows, n)
+    slices, at = [], 0
+    for i in range(n):
+        size = base + (i < extra)
+        slices.append(slice(at, at + size))
+        at += size
+    return slices
+
+
+def _shifted(routes, rows: slice) -> list:
+    """The pass's row routes as seen by the microbatch ``rows`` (its first row is row 0)."""
+    from twinkle.model.lora import RowRoute
+
+    out = []
+    for r in routes:
+        start, end = max(r.start, rows.start), min(r.end, rows.stop)
+        if start < end:
+            out.append(RowRoute(r.adapter, start - rows.start, end - rows.start))
+    return out
+
+
+class _Tail(torch.autograd.Function):
+    """An earlier stage's output: sent on in forward, its gradient received in backward (the
+    zero logits it returns only keep the training code on its one path)."""
+
+    @staticmethod
+    def forward(ctx, out: torch.Tensor, stage: PipelineCausalLM, tag: int) -> torch.Tensor:
+        ctx.stage, ctx.tag, ctx.shape = stage, tag, out.shape
+        stage.isend(out.detach().contiguous(), stage.next_rank, ACTIVATION_TAG + tag)
+        seq, rows = out.shape[0], out.shape[1]
+        return out.new_zeros(rows, seq, stage.config.vocab_size)
+
+    @staticmethod
+    def backward(ctx, _ignored: torch.Tensor):
+        stage = ctx.stage
+        grad = torch.empty(ctx.shape, dtype=stage.act_dtype, device=stage.act_device)
+        dist.recv(grad, stage.next_rank, tag=GRADIENT_TAG + ctx.tag)
+        return grad, None, None
+
+
+class PipelineCausalLM(MegatronCausalLM):
+    """A pipeline stage of :class:`MegatronCausalLM`: same call, same logits on the last stage."""
+
+    def __init__(self, gpt: torch.nn.Module, hf_config: Any, router: Any, *args, **kw) -> None:
+        super().__init__(gpt, hf_config, router, *args, **kw)
+        from megatron.core import parallel_state as ps
+
+        object.__setattr__(self, "router", router)
+        self.first = ps.is_pipeline_first_stage()
+        self.last = ps.is_pipeline_last_stage()
+        self.prev_rank = ps.get_pipeline_model_parallel_prev_rank()
+        self.next_rank = ps.get_pipeline_model_parallel_next_rank()
+        like = next(self.gpt.parameters())
+        self.act_dtype, self.act_device = like.dtype, like.device
+        self.microbatches = ps.get_pipeline_model_parallel_world_size()
+        self._pending: list[tuple[Any, torch.Tensor]] = []
+
+    def get_input_embeddings(self) -> torch.nn.Module:
+        # Only the first stage has the embedding: every stage shows the vocabulary's shape.
+        like = next(self.gpt.parameters())
+        return _ShapeOnlyLinear(self.config.hidden_size, self.config.vocab_size, like)
+
+    def get_output_embeddings(self) -> torch.nn.Module | None:
+        return None  # never adapted here; the last stage's output layer is megatron's
+
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
+        self._pending.append((dist.isend(tensor, dst, tag=tag), tensor))
+
+    def wait_sends(self) -> None:
+        """Complete this stage's sends (the peer has received them when it got this far)."""
+        pending, self._pending = self._pending, []
+        for work, _ in pending:
+            work.wait()
+
+    def _send_gradient(self, grad: torch.Tensor, tag: int) -> None:
+        self.isend(grad.detach().contiguous(), self.prev_rank, GRADIENT_TAG + tag)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        **_: Any,
+    ) -> SimpleNamespace:
+        self.wait_sends()
+        position_ids, mask = megatron_inputs(input_ids, attention_mask, position_ids)
+        seq = input_ids.shape[1]
+        outs = []
+        with cpu_shims(self._device):
+            for tag, rows in enumerate(microbatch_rows(input_ids.shape[0], self.microbatches)):
+                if not self.first:
+                    size = (seq, rows.stop - rows.start, self.config.hidden_size)
+                    hidden = torch.empty(size, dtype=self.act_dtype, device=self.act_device)
+                    dist.recv(hidden, self.prev_rank, tag=ACTIVATION_TAG + tag)
+                    if torch.is_grad_enabled():
+                        hidden.requires_grad_(True)
+                        hidden.register_hook(partial(self._send_gradient, tag=tag))
+                    self.gpt.set_input_tensor(hidden)
+                with self.router.route(_shifted(self.router.routes, rows)):
+                    out = self.gpt(input_ids[rows], position_ids[rows], mask[rows])
+                outs.append(out if self.last else _Tail.apply(out, self, tag))
+        return SimpleNamespace(logits=torch.cat(outs) if len(outs) > 1 else outs[0])
+
+
+__all__ = ["PipelineCausalLM", "check_pp", "microbatch_rows", "stage_layers"]

@@ -1,0 +1,129 @@
+"""Pipeline parallel megatron (pp=2; tp=2 x pp=2) equals the transformers backend, fp32 on CPU."""
+
+import json
+
+import pytest
+
+pytest.importorskip("megatron.core", reason="megatron-core is not installed")
+
+import torch  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+from tests.megatron.test_megatron_parallel import (  # noqa: E402
+    TENANTS,
+    assert_rel_close,
+    make_batch,
+    train_two_tenants,
+)
+from twinkle.hub import load_config  # noqa: E402
+from twinkle.model.megatron import _pp  # noqa: E402
+from twinkle.model.megatron._pp_model import merge_optimizer_states  # noqa: E402
+from twinkle.model.megatron.parallel import answer_rank  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The transformers backend's run of ``train_two_tenants`` (and the model, for resume)."""
+    from twinkle.model import MultiLoraTransformersModel
+
+    model = MultiLoraTransformersModel("tiny://qwen3")
+    losses, states, saved = train_two_tenants(model, tmp_path_factory.mktemp("hf"))
+    return losses, states, saved
+
+
+def assert_equals_reference(reference, losses, states, saved):
+    ref_losses, ref_states, ref_dir = reference
+    assert losses == pytest.approx(ref_losses, rel=1e-4)
+    assert ref_losses[2] != pytest.approx(ref_losses[0], rel=1e-3)  # the step moved the adapters
+    for name in TENANTS:
+        assert set(states[name]) == set(ref_states[name])
+        for key, want in ref_states[name].items():
+            assert_rel_close(states[name][key], want)
+    # One standard PEFT checkpoint gathered from the stages: the transformers backend's keys.
+    files = load_file(f"{saved}/adapter_model.safetensors")
+    ref_files = load_file(f"{ref_dir}/adapter_model.safetensors")
+    assert set(files) == set(ref_files)
+    for key, want in ref_files.items():
+        assert_rel_close(files[key], want)
+    config = json.loads(open(f"{saved}/adapter_config.json").read())
+    ref_config = json.loads(open(f"{ref_dir}/adapter_config.json").read())
+    assert config["r"] == ref_config["r"] == 8
+    assert config["target_modules"] == ref_config["target_modules"]
+
+
+@pytest.mark.slow
+def test_pp2_equals_the_transformers_backend(reference, tmp_path):
+    from twinkle.model.megatron.parallel import ParallelMegatronModel
+
+    with ParallelMegatronModel("tiny://qwen3", tp_size=1, pp_size=2) as pp2:
+        losses, states, saved = train_two_tenants(pp2, tmp_path / "pp2")
+        # Resume on the same pipeline from a checkpoint with optimizer state: the next pass's
+        # loss equals the uninterrupted model's.
+        ckpt = pp2.save("resume", output_dir=str(tmp_path), save_optimizer=True, adapter_name="a")
+        batch = {"a": {"inputs": make_batch(3, 12, 1)}}
+        pp2.clip_grad_and_step_many(["a"], max_grad_norm=0.5)
+        want = pp2.forward_backward_many(batch)["a"]["loss"]
+        pp2.zero_grad(adapter_name="a")
+        pp2.remove_adapter("a")
+        pp2.add_adapter_to_model("a", {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"})
+        pp2.resume_from_checkpoint(ckpt, adapter_name="a")
+        pp2.clip_grad_and_step_many(["a"], max_grad_norm=0.5)
+        got = pp2.forward_backward_many(batch)["a"]["loss"]
+    assert_equals_reference(reference, losses, states, saved)
+    assert got == pytest.approx(want, rel=1e-5)
+
+
+@pytest.mark.slow
+def test_tp2_pp2_equals_the_transformers_backend(reference, tmp_path):
+    from twinkle.model.megatron.parallel import ParallelMegatronModel
+
+    with ParallelMegatronModel("tiny://qwen3", tp_size=2, pp_size=2, num_microbatches=3) as m:
+        assert m.world == 4 and m.answer == 2
+        losses, states, saved = train_two_tenants(m, tmp_path / "tp2pp2")
+    assert_equals_reference(reference, losses, states, saved)
+
+
+def test_stage_layers_split_evenly_and_check_pp_names_the_layers():
+    assert _pp.stage_layers(8, 2, 0) == range(0, 4)
+    assert _pp.stage_layers(8, 2, 1) == range(4, 8)
+    assert _pp.stage_layers(8, 4, 3) == range(6, 8)
+    config = load_config("tiny://qwen3")  # 2 layers
+    _pp.check_pp(config, "tiny://qwen3", 2)
+    with pytest.raises(ValueError, match="num_hidden_layers"):
+        _pp.check_pp(config, "tiny://qwen3", 3)
+    with pytest.raises(ValueError, match="pp_size must be >= 1"):
+        _pp.check_pp(config, "tiny://qwen3", 0)
+
+
+def test_microbatches_cover_the_rows_in_order():
+    cuts = _pp.microbatch_rows(5, 2)
+    assert [(c.start, c.stop) for c in cuts] == [(0, 3), (3, 5)]
+    assert [(c.start, c.stop) for c in _pp.microbatch_rows(2, 4)] == [(0, 1), (1, 2)]
+    assert _pp.microbatch_rows(1, 1) == [slice(0, 1)]
+
+
+def test_the_last_stage_answers():
+    assert answer_rank(1, 2) == 1
+    assert answer_rank(2, 2) == 2  # ranks 0, 1: stage 0; ranks 2, 3: stage 1
+    assert answer_rank(2, 1) == 0
+    assert answer_rank(2, 2, dp_size=2) == 4
+
+
+def test_stage_optimizer_states_merge_in_the_one_process_order():
+    def state(values, lr=0.1):
+        return {
+            "state": {
+                i: {"step": torch.tensor(1.0), "exp_avg": torch.tensor(v)}
+                for i, v in enumerate(values)
+            },
+            "param_groups": [{"lr": lr, "params": list(range(len(values)))}],
+        }
+
+    merged = merge_optimizer_states([state([1.0, 2.0]), state([3.0])])
+    assert merged["param_groups"][0]["params"] == [0, 1, 2]
+    assert [float(merged["state"][i]["exp_avg"]) for i in range(3)] == [1.0, 2.0, 3.0]
+    from twinkle.model.megatron._pp_model import slice_optimizer_state
+
+    back = slice_optimizer_state(merged, 2, 1)
+    assert back["param_groups"][0]["params"] == [0]
+    assert float(back["state"][0]["exp_avg"]) == 3.0
