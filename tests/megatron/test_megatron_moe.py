@@ -179,3 +179,32 @@ def test_ep2_equals_the_transformers_backend(tmp_path):
     assert set(files) == set(ref_files)
     for key, want in ref_files.items():
         assert_rel_close(files[key], want)
+
+
+@pytest.mark.slow
+def test_dp2_replicas_of_the_moe_model_equal_the_transformers_backend():
+    """``dp_size: 2`` (each Ray replica the whole MoE model, ep 1; check-config accepts it):
+    rows split 2/1, two clipped Adam steps per tenant, equal to one transformers model."""
+    import twinkle
+    from tests.megatron.test_megatron_dp import train
+    from tests.megatron.test_megatron_parallel import assert_rel_close
+    from twinkle.model import MultiLoraTransformersModel
+    from twinkle.parallel import DataParallelModel, DeviceGroup
+
+    ref_losses, ref_states = train(MultiLoraTransformersModel(MOE))
+    context = twinkle.initialize(
+        mode="ray", groups=[DeviceGroup("dp", ranks=2, device_type="cpu", num_cpus=0.5)]
+    )
+    try:
+        dp = DataParallelModel(MOE, dp_size=2, device_group="dp", model_backend="megatron")
+        try:
+            losses, states = train(dp)
+        finally:
+            dp.shutdown()
+    finally:
+        context.shutdown()
+    assert losses == pytest.approx(ref_losses, rel=1e-4)
+    for name in TENANTS:
+        assert set(states[name]) == set(ref_states[name])
+        for key, want in ref_states[name].items():
+            assert_rel_close(torch.as_tensor(states[name][key]), want)
