@@ -103,9 +103,9 @@ def check(server, tenants, before, lost: set[str], fault_text: dict[str, str]) -
         assert report.steps == report.target
 
 
-def say(label, server, tenants, down_s, started):
+def say(label, server, tenants, down_s, started, down="replica replaced"):
     print(
-        f"\n[fault] {label}, {len(tenants)} tenants: replica replaced after {down_s:.1f} s "
+        f"\n[fault] {label}, {len(tenants)} tenants: {down} after {down_s:.1f} s "
         f"(server start {[round(s, 1) for s in server.starts]} s); per-tenant recovery "
         f"(kill -> first step) {[round(r, 1) for t in tenants for r in t.report.recovery_s]} s;"
         f" whole run {time.monotonic() - started:.0f} s; first errors "
@@ -199,7 +199,15 @@ def test_sigkill_of_a_data_parallel_worker_mid_step(tmp_path):
             lost={"native", "tinker"},
             fault_text={"tinker": "worker", "native": "worker"},
         )
-        say("data-parallel worker SIGKILL mid-step (file)", server, tenants, down_s, started)
+        label = "data-parallel worker SIGKILL mid-step (file)"
+        say(
+            label,
+            server,
+            tenants,
+            down_s,
+            started,
+            down="worker killed (group rebuilt by the next call)",
+        )
     finally:
         server.stop()
 
@@ -305,3 +313,23 @@ def test_a_call_whose_replica_died_is_a_5xx_that_says_so():
     assert error.value.status == 500 and error.value.request_id
     assert "the model replica running this call stopped (killed or restarted)" in str(error.value)
     assert error.value.request_id in str(error.value)
+
+
+def test_a_connection_broken_mid_call_is_a_client_error_not_a_raw_httpx_one():
+    """A replica SIGKILLed mid-call resets its connection (direct ingress): twinkle_client
+    raised httpx.ReadError itself; now a ServerUnavailableError (not NotConnectedError, which
+    means "nothing was sent" and lets the client resend on the main address)."""
+    import httpx
+
+    from twinkle_client._http import HttpTransport, NotConnectedError
+    from twinkle_client.errors import ServerUnavailableError
+
+    def reset(request):
+        raise httpx.ReadError("[Errno 104] Connection reset by peer", request=request)
+
+    http = HttpTransport("http://replica", "k", transport=httpx.MockTransport(reset))
+    with pytest.raises(ServerUnavailableError) as error:
+        http.post("/api/v1/model/tiny/qwen3/forward_backward", {})
+    assert not isinstance(error.value, NotConnectedError)
+    assert "connection broke before the server answered" in str(error.value)
+    assert "ReadError" in str(error.value)

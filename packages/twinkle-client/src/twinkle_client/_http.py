@@ -115,6 +115,13 @@ class HttpTransport:
                     "timeout= for long operations",
                     url=url,
                 ) from None
+            except httpx.TransportError as exc:  # sent, then the connection broke: not retried
+                raise ServerUnavailableError(
+                    f"{method} {url}: the connection broke before the server answered "
+                    f"({type(exc).__name__}: {exc}); the server may have stopped or restarted, "
+                    "and the call may or may not have run",
+                    url=url,
+                ) from None
             if response.status_code < 400:
                 return response.json() if response.content else None
             error = self._error(response, url)
