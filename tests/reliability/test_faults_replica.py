@@ -232,6 +232,9 @@ class DyingWorkers(MockModel):
         return super().forward_backward(inputs, adapter_name=adapter_name, **kwargs)
 
     def recover(self):
+        if getattr(self, "fail_recover", False):
+            self.fail_recover = False
+            raise RuntimeError("no worker could be scheduled")
         self.recovered, self.dead = self.recovered + 1, False
         return {"reloaded": {name: "/ckpt" for name in self.list_adapters()}, "lost": {}}
 
@@ -275,6 +278,27 @@ def test_a_lost_data_parallel_worker_rebuilds_the_group_and_reports_every_adapte
     assert [r.status for r in state.list_runs("bob", limit=10)[0]] == ["lost"]
     assert resumed["cur_step"] == 0  # the checkpoint's step, the one after it lost
     assert model.list_adapters() == [service._internal("alice", "default")]
+
+
+def test_workers_that_cannot_be_restarted_are_a_5xx_and_the_next_call_tries_again(tmp_path):
+    model = DyingWorkers()
+    service = ModelService(
+        model, "tiny/qwen3", StateRunRegistry(ServerState(MemoryStore("dp:")), tmp_path)
+    )
+
+    async def scenario():
+        await service.call("alice", "add_adapter_to_model", {"config": {"r": 4}})
+        model.die, model.fail_recover = True, True
+        with pytest.raises(InternalError) as failed:
+            await service.call("alice", "forward_backward", {"inputs": FEATURES})
+        with pytest.raises(Gone) as lost:  # workers restarted this time: the adapter is lost
+            await service.call("alice", "forward_backward", {"inputs": FEATURES})
+        return failed.value, lost.value
+
+    failed, lost = asyncio.run(scenario())
+    assert failed.status == 500 and failed.request_id in failed.message
+    assert "could not be restarted" in failed.message
+    assert lost.status == 410 and model.recovered == 1
 
 
 def test_an_adapter_lost_in_a_restart_stays_410_on_every_call(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +34,10 @@ from twinkle.server.model.protocol import Call, Empty, Operation, OperationTable
 from twinkle.server.model.ratelimit import RateLimiter
 from twinkle.server.model.registry import RunRegistry
 from twinkle.server.model.scheduler import FUSABLE, FairScheduler, Task
+from twinkle.server.request_ids import new_request_id
 from twinkle.server.state.paths import validate_id
+
+logger = logging.getLogger("twinkle.server.model")
 
 
 @dataclass(frozen=True)
@@ -402,9 +406,12 @@ class ModelService:
             for name in [*report["reloaded"], *report["lost"]]:
                 self.model.remove_adapter(name)
         except Exception as error:  # noqa: BLE001 - the next call tries again
+            rid = new_request_id()
+            logger.error("request %s: restarting the workers failed", rid, exc_info=error)
             raise InternalError(
                 f"data-parallel worker rank {rank} of model {self.base_model} died and its "
-                f"workers could not be restarted ({type(error).__name__}); retry later"
+                f"workers could not be restarted; retry later (request id {rid})",
+                request_id=rid,
             ) from error
         self.adapters.clear()
         self.started_at = self.clock()  # every run created before now held an adapter: lost
