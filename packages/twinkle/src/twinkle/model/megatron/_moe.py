@@ -166,8 +166,9 @@ def check_adapter_targets(hf_config: Any, adapter: str, selector: Any) -> None:
         raise InvalidArgumentError(
             f"adapter {adapter!r}: LoraConfig field target_modules={selector!r} is refused: it "
             f"selects {named} of an MoE model's router/experts, which carry no LoRA here (the "
-            "experts are 3-D parameters, not nn.Linear modules, in transformers 5, and PEFT's "
-            "target_modules cannot select them); adapt the attention projections (q_proj, "
+            "experts are 3-D parameters, not nn.Linear modules, in transformers 5: PEFT's "
+            "target_modules cannot select them, only target_parameters, which Twinkle does not "
+            "implement); adapt the attention projections (q_proj, "
             "k_proj, v_proj, o_proj) or use 'all-linear'"
         )
 
