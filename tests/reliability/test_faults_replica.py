@@ -38,7 +38,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 
 from _fault_harness import (  # noqa: E402
     NativeTenant,
-    ServeProcess,
     TinkerTenant,
     file_persistence,
     finish,
@@ -48,6 +47,7 @@ from _fault_harness import (  # noqa: E402
     redis_persistence,
     start_tenants,
 )
+from _fault_serve import ServeProcess  # noqa: E402
 from redis_fixture import redis_url  # noqa: E402,F401 - a fixture
 
 TARGET, EVERY = 6, 2
