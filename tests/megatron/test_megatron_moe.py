@@ -77,6 +77,29 @@ def test_logits_equal_the_hf_model(model, hf_moe):
     torch.testing.assert_close(ours[1, :11], theirs[1, :11], rtol=1e-5, atol=1e-5)
 
 
+def test_without_norm_topk_prob_the_logits_equal_the_hf_model_too(tmp_path):
+    """``norm_topk_prob: false`` (softmax over all experts, top-k not renormalised) maps to
+    megatron's pre-softmax routing."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    from twinkle.hub import resolve_model_dir
+    from twinkle.model.megatron import MultiLoraMegatronModel
+
+    local = tmp_path / "moe"
+    shutil.copytree(resolve_model_dir(MOE), local)
+    config = json.loads((local / "config.json").read_text())
+    (local / "config.json").write_text(json.dumps({**config, "norm_topk_prob": False}))
+    ours_model = MultiLoraMegatronModel(str(local))
+    assert ours_model.model.gpt.config.moe_router_pre_softmax is True
+    ids = make_batch(2, 12, 4)["input_ids"]
+    with torch.no_grad():
+        ours = ours_model.model(input_ids=ids).logits
+        theirs = AutoModelForCausalLM.from_pretrained(local).eval()(input_ids=ids).logits
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
 def test_attention_lora_trains_and_loads_in_peft(model, hf_moe, tmp_path):
     from peft import PeftModel
 
