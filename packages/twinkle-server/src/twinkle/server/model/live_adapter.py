@@ -23,11 +23,15 @@ def adapter_tensors(service: Any, call: Call, request: Empty) -> dict[str, Any]:
     # A tensor-parallel megatron model keeps its tenants in its rank processes (no ``tenant``
     # here, so no step to read); rank 0 holds every adapter whole.
     step = int(model.tenant(call.internal).cur_step) if hasattr(model, "tenant") else None
-    return {
-        "config": model.adapter_peft_config(call.internal),
-        "tensors": model.adapter_state_dict(call.internal),
-        "step": step,
+    import torch
+
+    # CPU tensors: the sampler reads them on its own thread while this model trains on (the
+    # transformers model's copy already is one; a data-parallel wrapper's may be arrays).
+    tensors = {
+        k: v.detach().to("cpu") if isinstance(v, torch.Tensor) else torch.as_tensor(v)
+        for k, v in model.adapter_state_dict(call.internal).items()
     }
+    return {"config": model.adapter_peft_config(call.internal), "tensors": tensors, "step": step}
 
 
 def live_adapter_operations() -> OperationTable:
