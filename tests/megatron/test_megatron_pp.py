@@ -127,3 +127,16 @@ def test_stage_optimizer_states_merge_in_the_one_process_order():
     back = slice_optimizer_state(merged, 2, 1)
     assert back["param_groups"][0]["params"] == [0]
     assert float(back["state"][0]["exp_avg"]) == 3.0
+
+
+@pytest.mark.slow
+def test_dp2_tp2_in_one_world_equals_the_transformers_backend(reference, tmp_path):
+    """dp 2 x tp 2: four ranks, megatron's dp groups; each tenant's rows split over the two
+    replicas (3 rows: 2/1, 2 rows: 1/1, the padded row alone), gradients scaled by each
+    replica's normaliser share and all-reduced."""
+    from twinkle.model.megatron.parallel import ParallelMegatronModel
+
+    with ParallelMegatronModel("tiny://qwen3", tp_size=2, dp_size=2) as m:
+        assert m.world == 4 and m.replica_answers == [0, 2]
+        losses, states, saved = train_two_tenants(m, tmp_path / "dp2tp2")
+    assert_equals_reference(reference, losses, states, saved)

@@ -28,6 +28,8 @@ from twinkle.model.megatron.multi_lora import MultiLoraMegatronModel
 #: Methods that write files: run on the answering rank alone (every tp rank holds the same
 #: adapters). Under pp ``save`` runs on every rank: the stages gather their layers, one writes.
 RANK0_ONLY = frozenset({"save", "upload_to_hub"})
+#: The message that runs one dp replica's rows of a ``forward_backward_many``.
+DP_FORWARD_BACKWARD = "__dp_forward_backward_many"
 #: Seconds a worker may take to build its model or answer one call before the driver gives up.
 CALL_TIMEOUT_S = 600.0
 
@@ -56,12 +58,20 @@ def _worker(rank: int, world: int, port: int, kwargs: dict, inbox, outbox) -> No
         )
         _moe.init_expert_parallel(kwargs)  # ep_size > 1: the experts split over the ranks
         pp, answer = kwargs.get("pp_size", 1), kwargs.pop("answer_rank", 0)
+        answers, dp = kwargs.pop("replica_answers", [answer]), kwargs.pop("dp_size", 1)
         if pp > 1:
             from twinkle.model.megatron._pp_model import PipelineMegatronModel
 
             model = PipelineMegatronModel(**kwargs)
         else:
             model = MultiLoraMegatronModel(**kwargs)
+        sync = None
+        if dp > 1:
+            from megatron.core import parallel_state as ps
+
+            from twinkle.model.megatron._dp_world import replica_sync
+
+            sync = replica_sync(model, ps.get_data_parallel_rank(), dp)
         outbox.put((rank, True, None))
     except BaseException as exc:  # the driver re-raises it
         outbox.put((rank, False, _portable(exc)))
@@ -74,11 +84,15 @@ def _worker(rank: int, world: int, port: int, kwargs: dict, inbox, outbox) -> No
         try:
             if name in RANK0_ONLY and rank != answer and not (pp > 1 and name == "save"):
                 result = None
+            elif name == DP_FORWARD_BACKWARD:  # this replica's rows, gradients synchronised
+                result = sync.forward_backward_many(*args, **kw)
             else:
                 result = getattr(model, name)(*args, **kw)
                 if callable(result) or name == "routes":
                     raise TypeError(f"{name} returns a context or callable; not remotable")
-            outbox.put((rank, True, result if rank == answer else None))
+            if sync is not None:
+                sync._wrap_losses()  # a new tenant's loss records its shard statistics
+            outbox.put((rank, True, result if rank in answers else None))
         except BaseException as exc:
             outbox.put((rank, False, _portable(exc)))
     import torch.distributed as dist
@@ -138,6 +152,7 @@ class ParallelMegatronModel:
         tp_size: int = 2,
         pp_size: int = 1,
         num_microbatches: int | None = None,
+        dp_size: int = 1,
         **kwargs: Any,
     ) -> None:
         from twinkle.hub import load_config, resolve_model_dir
@@ -150,12 +165,21 @@ class ParallelMegatronModel:
         ep_size = int(kwargs.get("ep_size", 1) or 1)
         _moe.check_moe(hf_config, model_id, tp_size, ep_size)
         check_pp(hf_config, model_id, pp_size)
-        self.tp_size, self.pp_size = tp_size, pp_size
+        if ep_size > 1 and dp_size > 1:
+            raise ValueError(
+                f"ep_size {ep_size} with dp_size {dp_size} is not built: the expert ranks are "
+                "megatron's data-parallel ranks, each fed the whole batch"
+            )
+        self.tp_size, self.pp_size, self.dp_size = tp_size, pp_size, dp_size
         # ep: megatron carves the expert groups out of its data-parallel ranks (tp 1 here), so
         # ep_size ranks per pipeline stage, each fed the whole batch.
         self.ep_size = ep_size
-        self.world = tp_size * pp_size * ep_size
-        self.answer = answer_rank(tp_size, pp_size, ep_size)
+        replicas = ep_size if ep_size > 1 else dp_size
+        self.world = tp_size * pp_size * replicas
+        self.answer = answer_rank(tp_size, pp_size, replicas)
+        #: The rank whose results stand for each dp replica's rows.
+        self.replica_answers = [self.answer + tp_size * d for d in range(dp_size)]
+        self._pair_rows: set[str] = set()
         self.model_id, self.model_dir = model_id, resolve_model_dir(model_id)
         self.pager = None
         ctx = mp.get_context("spawn")
@@ -167,7 +191,7 @@ class ParallelMegatronModel:
         kw = {"model_id": model_id, "tp_size": tp_size, **kwargs}
         if pp_size > 1:
             kw.update(pp_size=pp_size, num_microbatches=num_microbatches)
-        kw["answer_rank"] = self.answer
+        kw.update(answer_rank=self.answer, replica_answers=self.replica_answers, dp_size=dp_size)
         self._procs = [
             ctx.Process(
                 target=_worker,
@@ -184,7 +208,7 @@ class ParallelMegatronModel:
             self.close()
             raise
 
-    def _collect(self, name: str) -> Any:
+    def _collect(self, name: str, ranks: list[int] | None = None) -> Any:
         """Every rank's answer to ``name``; raises at once when a rank has died (its peers would
         wait on it in their next collective forever). The answering rank's error comes first (an
         earlier pipeline stage's is only the consequence)."""
@@ -211,7 +235,49 @@ class ParallelMegatronModel:
             ok, value = results[rank]
             if not ok:
                 raise value
+        if ranks is not None:
+            return [results[rank][1] for rank in ranks]
         return results[self.answer][1]
+
+    def forward_backward_many(self, requests: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """As the model's; under dp each replica runs its rows (then one gradient all-reduce)."""
+        if self.dp_size == 1:
+            return self.call("forward_backward_many", requests)
+        from twinkle.errors import InvalidArgumentError
+        from twinkle.model.megatron import _dp_world
+
+        if not requests:
+            raise InvalidArgumentError("forward_backward_many needs at least one request")
+        for name, request in requests.items():
+            if "inputs" not in request:
+                raise InvalidArgumentError(f"request for adapter {name!r} has no 'inputs'")
+        order, shards = _dp_world.split_requests(requests, self.dp_size, self._pair_rows)
+        if not self._procs:
+            raise RuntimeError("the megatron workers are closed")
+        for rank, inbox in enumerate(self._inboxes):
+            replica = (rank // self.tp_size) % self.dp_size  # megatron's order tp-cp-ep-dp-pp
+            inbox.put((DP_FORWARD_BACKWARD, (shards[replica], order), {}))
+        return _dp_world.join(order, self._collect(DP_FORWARD_BACKWARD, self.replica_answers))
+
+    def forward_backward(self, inputs: Any, adapter_name: str | None = None, **kwargs: Any):
+        if self.dp_size == 1:
+            return self.call("forward_backward", inputs, adapter_name=adapter_name, **kwargs)
+        if adapter_name is None:
+            names = self.call("list_adapters")
+            adapter_name = names[0] if len(names) == 1 else None
+            if adapter_name is None:
+                from twinkle.errors import InvalidArgumentError
+
+                raise InvalidArgumentError(f"several adapters exist ({names}): pass adapter_name=")
+        return self.forward_backward_many({adapter_name: {"inputs": inputs, **kwargs}})[
+            adapter_name
+        ]
+
+    def set_loss(self, loss: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
+        # DPO's rows come in (chosen, rejected) pairs: the dp split keeps each pair together.
+        name = getattr(loss, "name", None) or getattr(loss, "__name__", loss)
+        (self._pair_rows.add if name == "DPOLoss" else self._pair_rows.discard)(adapter_name)
+        return self.call("set_loss", loss, adapter_name=adapter_name, **kwargs)
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Run ``model.<name>(*args, **kwargs)`` on every rank; rank 0's result."""
