@@ -134,10 +134,14 @@ def test_tinker_sdk_trains_two_tenants_on_a_tp2_megatron_server(tmp_path):
                 a = _tenant_flow(alice, 4, "a")
                 b = _tenant_flow(bob, 8, "b")
                 # Tinker's default trains the unembedding too: megatron refuses it as the
-                # caller's mistake, naming the field and the fix.
+                # caller's mistake, naming the field and the fix, and nothing is created.
+                held = sorted(model.list_adapters())
+                assert len(held) == 2  # one per tenant, on every rank
                 with pytest.raises(tinker.RequestFailedError, match="train_unembed") as failed:
                     alice.create_lora_training_client(base_model=BASE, rank=4).result(timeout=300)
                 assert failed.value.category.name == "User"
+                assert sorted(model.list_adapters()) == held
+                assert server.services["model"].status()["adapters"] == 2
             finally:
                 for service in (alice, bob):
                     service.close("success").result(timeout=60)
