@@ -146,3 +146,44 @@ def test_a_model_serves_its_own_address_and_twinkle_client_trains_there(serve_ur
             model.clip_grad_and_step()
         assert bob._routes[MODEL].base_url == direct  # the calls went to the replica's port
     assert losses[-1] < losses[0]
+
+
+def test_a_live_adapter_reaches_the_sampler_through_serve_handles(serve_url):
+    """``POST /publish_live_adapter`` across real Serve replicas: the model's tensors travel
+    through the handles (no file) and sample what a checkpoint of the same weights samples."""
+    with httpx.Client(
+        base_url=serve_url, headers={"Authorization": f"Bearer {KEYS['alice']}"}, timeout=120
+    ) as http:
+        r = http.post(
+            f"{MODEL}/add_adapter_to_model", json={"adapter_name": "live", "config": {"r": 8}}
+        )
+        assert r.status_code == 200, r.text
+        http.post(
+            f"{MODEL}/set_optimizer", json={"adapter_name": "live", "optimizer": "Adam", "lr": 5e-2}
+        )
+        http.post(
+            f"{MODEL}/forward_backward", json={"adapter_name": "live", "inputs": _features(2)}
+        )
+        http.post(f"{MODEL}/clip_grad_and_step", json={"adapter_name": "live"})
+        r = http.post(
+            "/api/v1/publish_live_adapter",
+            json={"base_model": "tiny/qwen3", "adapter_name": "live"},
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["adapter_uri"] == "inflight://live"
+        greedy = {"max_tokens": 5, "temperature": 0.0}
+
+        def sample(uri, key="alice"):
+            body = {"inputs": [[5, 6, 7, 8]], "adapter_uri": uri, "sampling_params": greedy}
+            return http.post(
+                f"{SAMPLER}/sample", json=body, headers={"Authorization": f"Bearer {KEYS[key]}"}
+            )
+
+        live = sample("inflight://live").json()["result"]["results"][0]["sequences"][0]
+        path = http.post(
+            f"{MODEL}/save", json={"adapter_name": "live", "name": "live-check"}
+        ).json()["result"]["path"]
+        saved = sample(path).json()["result"]["results"][0]["sequences"][0]
+        assert live["tokens"] == saved["tokens"]
+        assert all(abs(a - b) <= 1e-6 for a, b in zip(live["logprobs"], saved["logprobs"]))
+        assert sample("inflight://live", key="bob").status_code == 404
