@@ -140,3 +140,47 @@ def test_dp2_tp2_in_one_world_equals_the_transformers_backend(reference, tmp_pat
         assert m.world == 4 and m.replica_answers == [0, 2]
         losses, states, saved = train_two_tenants(m, tmp_path / "dp2tp2")
     assert_equals_reference(reference, losses, states, saved)
+
+
+def test_a_served_megatron_dp_x_tp_mesh_builds_one_world(monkeypatch):
+    """dp 2 x tp 2 (server_config_4b.yaml's mesh): the deployment asks the backend for one
+    ParallelMegatronModel world (no Ray replicas), and the replica reserves the group's GPUs."""
+    from tests.server.config.config_samples import tiny_config_data
+    from twinkle.server.config import parse_config
+    from twinkle.server.model import backend as backend_module
+    from twinkle.server.model import deployment
+    from twinkle.server.placement import replica_num_gpus
+
+    data = tiny_config_data()
+    model_app = next(a for a in data["applications"] if a["import_path"] == "model")
+    model_app["args"].update(
+        backend="megatron",
+        model_id="tiny://qwen3",
+        device_group={"name": "model", "ranks": 4, "device_type": "cuda"},
+        device_mesh={"device_type": "cuda", "dp_size": 2, "tp_size": 2},
+    )
+    config = parse_config(data)
+    app = next(a for a in config.applications if a.import_path == "model")
+    assert replica_num_gpus(app) == 4.0
+    seen = {}
+
+    def fake_backend(backend, model_id, **kwargs):
+        seen.update(kwargs, backend=backend)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(deployment, "create_backend", fake_backend)
+    with pytest.raises(RuntimeError, match="stop here"):
+        deployment.build_service(app, None)
+    assert (seen["dp_size"], seen["tp_size"], seen["pp_size"]) == (2, 2, 1)
+    assert "worker_options" not in seen  # not Ray replicas
+    built = {}
+
+    class FakeParallel:
+        def __init__(self, model_id, **kwargs):
+            built.update(kwargs, model_id=model_id)
+
+    import twinkle.model.megatron.parallel as parallel
+
+    monkeypatch.setattr(parallel, "ParallelMegatronModel", FakeParallel)
+    backend_module.create_backend("megatron", "tiny://qwen3", dp_size=2, tp_size=2)
+    assert (built["dp_size"], built["tp_size"], built["pp_size"]) == (2, 2, 1)

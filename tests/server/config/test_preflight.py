@@ -86,17 +86,13 @@ def _megatron_mesh_problems(mesh, ranks=2):
     return [p for p in _problems(data) if ".args.device_mesh" in p]
 
 
-@pytest.mark.parametrize(
-    "mesh, reason",
-    [
-        ({"pp_size": 2}, "pipeline parallel"),
-        ({"dp_size": 2, "tp_size": 2}, "dp x tp is not built"),
-    ],
-)
-def test_megatron_refuses_unbuilt_parallel_sizes(mesh, reason):
-    (problem,) = _megatron_mesh_problems(mesh, ranks=4)
-    assert f"device_mesh.{next(iter(mesh))}: 2" in problem
-    assert "is refused by backend 'megatron'" in problem and reason in problem
+def test_megatron_pipeline_and_dp_x_tp_worlds_are_accepted():
+    # pp and dp x tp (x pp) are one world of ParallelMegatronModel ranks (megatron's dp groups).
+    assert _megatron_mesh_problems({"pp_size": 2}) == []
+    assert _megatron_mesh_problems({"dp_size": 2, "tp_size": 2}, ranks=4) == []
+    assert _megatron_mesh_problems({"tp_size": 2, "pp_size": 2}, ranks=4) == []
+    (problem,) = _megatron_mesh_problems({"pp_size": 4}, ranks=4)  # tiny qwen3: 2 layers
+    assert "device_mesh.pp_size" in problem and "num_hidden_layers (2)" in problem
 
 
 def test_megatron_tensor_parallel_is_accepted_where_the_shapes_divide():

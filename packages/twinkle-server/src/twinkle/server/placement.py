@@ -27,9 +27,22 @@ def dp_size(app_config: ApplicationConfig) -> int:
     return mesh.dp_size if mesh is not None else 1
 
 
+def megatron_world(app_config: ApplicationConfig) -> bool:
+    """A megatron model with tp or pp > 1: the replica spawns all ``dp * pp * tp`` ranks itself
+    (``ParallelMegatronModel``, one GPU each), so it reserves the group's GPUs even at dp > 1."""
+    args, mesh = app_config.args, getattr(app_config.args, "device_mesh", None)
+    return (
+        getattr(args, "backend", None) == "megatron"
+        and mesh is not None
+        and (mesh.tp_size > 1 or mesh.pp_size > 1)
+    )
+
+
 def replica_num_gpus(app_config: ApplicationConfig) -> float:
     """What the Serve replica reserves: every group GPU when it computes itself, else 0."""
-    if app_config.import_path not in ("model", "sampler") or dp_size(app_config) > 1:
+    if app_config.import_path not in ("model", "sampler"):
+        return 0
+    if dp_size(app_config) > 1 and not megatron_world(app_config):
         return 0
     return float(group_gpus(app_config))
 

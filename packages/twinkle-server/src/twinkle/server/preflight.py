@@ -88,15 +88,14 @@ def _model_problems(app: ApplicationConfig) -> list[str]:
             "in one process); set dp_size: 1"
         )
     tp = mesh.tp_size if mesh is not None else 1
-    problems += _architecture_problems(args.backend, args.model_id, tp)
+    pp = mesh.pp_size if mesh is not None else 1
+    problems += _architecture_problems(args.backend, args.model_id, tp, pp)
     return problems
 
 
-#: Why the megatron backend refuses a parallel size > 1 (tp_size: worker ranks; dp_size: Ray
-#: replicas, each tp 1; both built).
+#: Why the megatron backend refuses a parallel size > 1 (built: tp_size and pp_size, worker ranks
+#: of one world; dp_size, Ray replicas at tp = pp = 1, else dp groups of that world).
 MEGATRON_UNSUPPORTED = {
-    "pp_size": "pipeline parallel is not built yet (microbatches that keep per-tenant loss "
-    "normalisation exact); use tp_size",
     "ep_size": "served expert parallel is not built (the library's ParallelMegatronModel(ep_size="
     "N) splits a Qwen3-MoE model's experts over N ranks, each fed the whole batch; serving it "
     "needs the dp x ep world, rows split over the data-parallel ranks megatron carves the "
@@ -112,12 +111,6 @@ def _megatron_mesh_problems(mesh) -> list[str]:
         for size, why in MEGATRON_UNSUPPORTED.items()
         if getattr(mesh, size) > 1
     ]
-    if mesh.dp_size > 1 and mesh.tp_size > 1:
-        problems.append(
-            f"device_mesh.dp_size: {mesh.dp_size} with tp_size {mesh.tp_size} is refused by "
-            "backend 'megatron': data-parallel replicas are tp 1 each (dp x tp is not built); "
-            "use one of the two"
-        )
     return problems
 
 
@@ -156,7 +149,9 @@ def _cached_model_dir(model_id: str) -> Path | None:
     return None
 
 
-def _architecture_problems(backend: str, model_id: str, tp_size: int = 1) -> list[str]:
+def _architecture_problems(
+    backend: str, model_id: str, tp_size: int = 1, pp_size: int = 1
+) -> list[str]:
     if backend != "megatron":
         return []
     model_dir = _cached_model_dir(model_id)
@@ -175,4 +170,10 @@ def _architecture_problems(backend: str, model_id: str, tp_size: int = 1) -> lis
         check_tp(hf_config, model_id, tp_size)
     except ValueError as error:
         return [f"device_mesh.tp_size: {error}"]
+    from twinkle.model.megatron._pp import check_pp
+
+    try:
+        check_pp(hf_config, model_id, pp_size)
+    except ValueError as error:
+        return [f"device_mesh.pp_size: {error}"]
     return []

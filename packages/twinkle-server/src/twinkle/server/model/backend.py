@@ -12,6 +12,7 @@ def create_backend(
     device_type: str | None = None,
     worker_options: dict[str, Any] | None = None,
     tp_size: int = 1,
+    pp_size: int = 1,
     **kwargs: Any,
 ) -> Any:
     """The shared multi-LoRA model for ``backend`` in ``transformers | megatron | mock``.
@@ -22,16 +23,19 @@ def create_backend(
         device_type: ``cpu`` or ``cuda`` of the replicas (``device_mesh.device_type``).
         worker_options: ``DataParallelModel`` placement options (``num_cpus``, ``resources``).
         tp_size: Tensor-parallel ranks of the megatron backend (worker processes; 1: in process).
+        pp_size: Pipeline stages of the megatron backend. With tp or pp > 1 the megatron model
+            is one world of ``dp_size * pp_size * tp_size`` worker processes (dp: its groups).
 
     Raises:
         ValueError: Unknown backend, or ``dp_size > 1`` with a backend other than transformers.
         RuntimeError: ``megatron`` without megatron-core.
     """
-    if dp_size > 1:
-        if backend not in ("transformers", "megatron") or tp_size > 1:
+    one_world = backend == "megatron" and (tp_size > 1 or pp_size > 1)
+    if dp_size > 1 and not one_world:
+        if backend not in ("transformers", "megatron"):
             raise ValueError(
-                f"dp_size {dp_size} > 1 needs backend 'transformers' or 'megatron' with tp_size 1 "
-                f"(backend is '{backend}', tp_size {tp_size}): mock runs in one process"
+                f"dp_size {dp_size} > 1 needs backend 'transformers' or 'megatron' "
+                f"(backend is '{backend}'): mock runs in one process"
             )
         from twinkle.parallel import DataParallelModel
 
@@ -58,10 +62,12 @@ def create_backend(
                 "backend 'megatron' needs megatron-core (pip install megatron-core==0.16.1); "
                 "use backend 'transformers' on this machine"
             ) from exc
-        if tp_size > 1:
+        if one_world:
             from twinkle.model.megatron.parallel import ParallelMegatronModel
 
-            return ParallelMegatronModel(model_id, tp_size=tp_size, **kwargs)
+            return ParallelMegatronModel(
+                model_id, tp_size=tp_size, pp_size=pp_size, dp_size=dp_size, **kwargs
+            )
         from twinkle.model.megatron import MultiLoraMegatronModel
 
         return MultiLoraMegatronModel(model_id=model_id, **kwargs)

@@ -18,7 +18,7 @@ from twinkle.server.model.operations import native_operations
 from twinkle.server.model.ratelimit import RateLimiter
 from twinkle.server.model.registry import StateRunRegistry
 from twinkle.server.model.service import ModelService
-from twinkle.server.placement import placement_of, worker_options
+from twinkle.server.placement import megatron_world, placement_of, worker_options
 from twinkle.server.telemetry import ModelTaskMetrics, serve_traced, setup_telemetry
 from twinkle.server.threads import build_on_model_thread, cpu_threads
 from twinkle.server.tinker.model_ops import tinker_operations
@@ -36,14 +36,14 @@ def build_service(app_config: ApplicationConfig, context) -> ModelService:
     if args.torch_dtype and args.torch_dtype != "auto" and args.backend == "transformers":
         kwargs["torch_dtype"] = args.torch_dtype
     mesh = args.device_mesh
+    one_world = megatron_world(app_config)
     if mesh is not None and mesh.dp_size > 1:
-        kwargs.update(
-            dp_size=mesh.dp_size,
-            device_type=mesh.device_type,
-            worker_options=worker_options(app_config),
-        )
-    if mesh is not None and mesh.tp_size > 1 and args.backend == "megatron":
-        kwargs["tp_size"] = mesh.tp_size  # megatron's worker ranks (preflight checked the rest)
+        kwargs["dp_size"] = mesh.dp_size
+        if not one_world:  # Ray replicas (DataParallelModel)
+            kwargs.update(device_type=mesh.device_type, worker_options=worker_options(app_config))
+    if one_world:
+        # megatron's worker ranks, dp x pp x tp in one world (preflight checked the rest)
+        kwargs.update(tp_size=mesh.tp_size, pp_size=mesh.pp_size)
     torch_backend = args.backend != "mock"
     options = args.execution.options()
     if torch_backend:

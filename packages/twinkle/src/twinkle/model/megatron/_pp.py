@@ -48,6 +48,13 @@ def check_pp(hf_config: Any, model_id: str, pp_size: int) -> None:
     """
     if pp_size < 1:
         raise ValueError(f"pp_size must be >= 1, got {pp_size}")
+    from twinkle.model.megatron import _moe
+
+    if pp_size > 1 and _moe.is_moe(hf_config):
+        raise ValueError(
+            f"backend 'megatron': pp_size {pp_size} with the MoE model {model_id} is not built "
+            "(pipeline stages are built and tested for Qwen3 dense models); use pp_size 1"
+        )
     layers = hf_config.num_hidden_layers
     if layers % pp_size:
         raise ValueError(
