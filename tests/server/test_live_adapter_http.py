@@ -36,9 +36,22 @@ def live(tmp_path_factory):
             c.close()
 
 
+_MADE: list = []
+
+
+@pytest.fixture(autouse=True)
+def _free_adapters():
+    """The module's server holds 3 adapters per key: free each test's."""
+    yield
+    while _MADE:
+        model, name = _MADE.pop()
+        model.remove_adapter(name)
+
+
 def _model(client, name):
     model = MultiLoraTransformersModel(MODEL_ID, client=client)
     model.add_adapter_to_model(name, {"r": 8, "lora_alpha": 32})
+    _MADE.append((model, name))
     model.set_optimizer("AdamW", lr=5e-2, adapter_name=name)
     return model
 
@@ -144,3 +157,37 @@ def test_another_key_gets_404_and_bad_input_400_changing_nothing(live):
     r = post({"adapter_name": "mine"}, path="/api/v1/model/tiny/qwen3/adapter_tensors")
     assert r.status_code == 404
     assert _sample(alice, adapter_uri="inflight://mine") == before
+
+
+def test_a_key_holds_a_bounded_number_of_live_adapters(live):
+    """Publishing a new name past the bound drops that key's oldest live adapter, not another
+    key's: the sampler's memory stays bounded however many names a key publishes."""
+    from twinkle.server.sampler.service import MAX_LIVE_ADAPTERS_PER_KEY
+
+    url, server, clients = live
+    model = _model(clients["alice"], "bound")
+    _step(model, "bound")
+    auth = {"Authorization": f"Bearer {KEYS['alice']}"}
+    owner = server.context.authenticate(auth)
+    r = httpx.post(
+        url + "/api/v1/model/tiny/qwen3/tinker_adapter_state",
+        json={"adapter_name": "bound"},
+        headers=auth,
+        timeout=60,
+    )
+    state = r.json()["result"]
+    pool = server.services["sampler"].sampler.adapters
+    mine = f"inflight://{owner}/"
+    others = {k for k in pool._in_memory if not k.startswith(mine)}
+    for i in range(MAX_LIVE_ADAPTERS_PER_KEY + 2):
+        body = {"adapter_uri": f"inflight://n{i}", **state}
+        body.pop("step")
+        r = httpx.post(
+            url + "/api/v1/sampler/tiny/qwen3/publish_adapter", json=body, headers=auth, timeout=60
+        )
+        assert r.status_code == 200, r.text
+    held = [k for k in pool._in_memory if k.startswith(mine)]
+    assert len(held) == MAX_LIVE_ADAPTERS_PER_KEY
+    assert f"{mine}n0" not in held and f"{mine}n1" not in held
+    assert f"{mine}n{MAX_LIVE_ADAPTERS_PER_KEY + 1}" in held
+    assert others <= set(pool._in_memory)

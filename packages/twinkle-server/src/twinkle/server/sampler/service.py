@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -12,6 +13,9 @@ from twinkle.server.errors import BadRequest, NotFound, from_exception
 from twinkle.server.images import check_request_images
 from twinkle.server.model.ratelimit import RateLimiter
 from twinkle_client.sampler.types import SamplingParams
+
+MAX_LIVE_ADAPTERS_PER_KEY = 8
+"""Live adapters one key holds on a sampler; publishing a ninth name drops its oldest."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,9 @@ class SamplerService:
             max_workers=workers, thread_name_prefix="twinkle-sampler"
         )
         self.requests = 0
+        # Each key's live (inflight) adapters, least recently published first: at most
+        # MAX_LIVE_ADAPTERS_PER_KEY each, so publishing new names cannot grow memory unbounded.
+        self._live: dict[str, OrderedDict[str, None]] = {}
 
     async def call(self, owner: str, op: str, payload: dict[str, Any] | None = None) -> Any:
         payload = dict(payload or {})
@@ -195,6 +202,12 @@ class SamplerService:
             await loop.run_in_executor(self._executor, pool.put_state, key, config, state)
         except Exception as exc:
             raise from_exception(exc) from exc
+        live = self._live.setdefault(owner, OrderedDict())
+        live[key] = None
+        live.move_to_end(key)
+        while len(live) > MAX_LIVE_ADAPTERS_PER_KEY:
+            oldest, _ = live.popitem(last=False)
+            await loop.run_in_executor(self._executor, pool.drop_state, oldest)
         return {"ok": True}
 
     def _adapter_dirs(self, owner: str, adapter_uri: Any, count: int) -> list[str | None] | None:
