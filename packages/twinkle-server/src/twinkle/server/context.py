@@ -21,6 +21,9 @@ class ServerContext:
     authenticate: Authenticator
     server_args: ServerArgs
     signer: Signer
+    #: When this process built its context (on the state's clock): session expiry counts from
+    #: here at the earliest, since no client could heartbeat while the server was down.
+    started_at: float = 0.0
 
     @property
     def storage_root(self) -> Path:
@@ -58,7 +61,7 @@ def build_context(config: ServerConfig | dict[str, Any], store: Any = None) -> S
     authenticate = authenticator_from(auth)
     if args.rps_limit_per_key:
         authenticate = per_key_rate_limited(authenticate, args.rps_limit_per_key)
-    return ServerContext(config, state, authenticate, args, signer)
+    return ServerContext(config, state, authenticate, args, signer, started_at=state.clock())
 
 
 def per_key_rate_limited(authenticate: Authenticator, rps: float) -> Authenticator:

@@ -109,11 +109,31 @@ def build_local_server(config: ServerConfig, store: Any = None) -> LocalServer:
     return LocalServer(app, ctx, backends, services)
 
 
+async def maintain_forever(server: LocalServer, config: ServerConfig) -> None:
+    """The background work the Serve replicas run, for a one-process server: the gateway's
+    housekeeping (session expiry, checkpoint TTLs and snapshot sweep, futures purge) and each
+    model's sweep of idle and expired adapters."""
+    import asyncio
+
+    from twinkle.server.gateway.app import housekeeping_forever
+    from twinkle.server.model.deployment import sweep_forever
+
+    jobs = [housekeeping_forever(server.context, server.backends)]
+    for app_config in config.applications:
+        if isinstance(app_config.args, ModelArgs) and app_config.name in server.services:
+            timeout = app_config.args.adapter_config.adapter_timeout
+            jobs.append(sweep_forever(server.services[app_config.name], min(30.0, timeout / 4)))
+    await asyncio.gather(*jobs)
+
+
 def serve_local(config: ServerConfig) -> None:
     """Serve ``config`` from this process on its ``http_options`` address until interrupted."""
     import uvicorn
 
+    from twinkle.server.web import StartOnFirstRequest
+
     server = build_local_server(config)
+    app = StartOnFirstRequest(server.app, start=lambda: maintain_forever(server, config))
     host, port = config.http_options.host, config.http_options.port
     print(f"Twinkle server (local mode) on http://{host}:{port}/api/v1", flush=True)
-    uvicorn.run(server.app, host=host, port=port, log_level="warning")
+    uvicorn.run(app, host=host, port=port, log_level="warning")

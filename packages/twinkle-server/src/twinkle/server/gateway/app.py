@@ -36,7 +36,11 @@ def create_gateway_app(ctx: ServerContext, backends: Backends) -> FastAPI:
 
 async def expire_sessions(ctx: ServerContext, backends: Backends) -> list[str]:
     """Finish sessions that stopped heartbeating and unload the adapters they created."""
-    expired = ctx.state.expired_sessions(ctx.server_args.heartbeat_timeout_s)
+    # A client cannot heartbeat a server that is down: after a restart every session gets a
+    # full timeout from this process's start before it can expire.
+    timeout = ctx.server_args.heartbeat_timeout_s
+    up_long_enough = ctx.state.clock() - ctx.started_at > timeout
+    expired = ctx.state.expired_sessions(timeout) if up_long_enough else []
     for session in expired:
         ctx.state.finish_session(session.owner, session.session_id)
         names = await unload_session_adapters(backends, session.session_id)
@@ -45,19 +49,25 @@ async def expire_sessions(ctx: ServerContext, backends: Backends) -> list[str]:
     return [s.session_id for s in expired]
 
 
+async def housekeep_once(ctx: ServerContext, backends: Backends) -> None:
+    """One round: expire silent sessions, delete expired checkpoints (TTL passed, or the
+    ephemeral sampler snapshots of a finished session) with their files, purge old futures."""
+    import shutil
+
+    await expire_sessions(ctx, backends)
+    for ckpt in ctx.state.expired_checkpoints():
+        ctx.state.delete_checkpoint(ckpt.owner, ckpt.training_run_id, ckpt.checkpoint_id)
+        shutil.rmtree(ckpt.local_dir, ignore_errors=True)
+    ctx.state.purge_futures(older_than=ctx.server_args.future_ttl_s)
+
+
 async def housekeeping_forever(
     ctx: ServerContext, backends: Backends, interval_s: float = 10.0
 ) -> None:
-    """Session expiry, checkpoint TTLs and old futures, every ``interval_s`` seconds."""
-    import shutil
-
+    """:func:`housekeep_once` every ``interval_s`` seconds."""
     while True:
         await asyncio.sleep(interval_s)
         try:
-            await expire_sessions(ctx, backends)
-            for ckpt in ctx.state.expired_checkpoints():
-                ctx.state.delete_checkpoint(ckpt.owner, ckpt.training_run_id, ckpt.checkpoint_id)
-                shutil.rmtree(ckpt.local_dir, ignore_errors=True)
-            ctx.state.purge_futures(older_than=ctx.server_args.future_ttl_s)
+            await housekeep_once(ctx, backends)
         except Exception:  # keep housekeeping alive; the next round retries
             logger.exception("housekeeping failed")
