@@ -15,6 +15,7 @@ from tests.megatron.test_megatron_parallel import (  # noqa: E402
     make_batch,
     train_two_tenants,
 )
+from twinkle.errors import InvalidArgumentError  # noqa: E402
 from twinkle.hub import load_config  # noqa: E402
 from twinkle.model.megatron import _pp  # noqa: E402
 from twinkle.model.megatron._pp_model import merge_optimizer_states  # noqa: E402
@@ -69,8 +70,20 @@ def test_pp2_equals_the_transformers_backend(reference, tmp_path):
         pp2.resume_from_checkpoint(ckpt, adapter_name="a")
         pp2.clip_grad_and_step_many(["a"], max_grad_norm=0.5)
         got = pp2.forward_backward_many(batch)["a"]["loss"]
+        # A pass only the last stage refuses (a non-finite loss: the earlier stage's loss is on
+        # stand-in logits) fails at once on every stage, and leaves no stale message behind:
+        # the next pass gives the loss of the same weights before it.
+        probe = make_batch(2, 8, 5)
+        before = pp2.forward_only(probe, adapter_name="b")["loss"]
+        pp2.set_loss("GRPOLoss", adapter_name="b")
+        nan = {"inputs": probe, "advantages": [float("nan")] * 2}
+        with pytest.raises(InvalidArgumentError, match="not finite"):
+            pp2.forward_backward_many({"a": {"inputs": make_batch(3, 12, 1)}, "b": nan})
+        pp2.set_loss("CrossEntropyLoss", adapter_name="b")
+        after = pp2.forward_backward_many({"b": {"inputs": probe}})["b"]["loss"]
     assert_equals_reference(reference, losses, states, saved)
     assert got == pytest.approx(want, rel=1e-5)
+    assert after == pytest.approx(before, rel=1e-6)
 
 
 @pytest.mark.slow

@@ -36,8 +36,13 @@ import torch.distributed as dist
 from twinkle.model.megatron._build import cpu_shims
 from twinkle.model.megatron._model import MegatronCausalLM, _ShapeOnlyLinear, megatron_inputs
 
-#: Tag offsets: forward activations (stage k -> k+1) and their gradients (k+1 -> k).
-ACTIVATION_TAG, GRADIENT_TAG = 0, 100_000
+#: Tag offsets: forward activations (stage k -> k+1), their gradients (k+1 -> k), and the
+#: status that precedes each gradient (1: a gradient follows, 0: the later stage failed the pass).
+ACTIVATION_TAG, GRADIENT_TAG, STATUS_TAG = 0, 100_000, 200_000
+
+
+class PipelineAbortedError(RuntimeError):
+    """A later pipeline stage failed this pass (its error is the call's answer)."""
 
 
 def check_pp(hf_config: Any, model_id: str, pp_size: int) -> None:
@@ -98,18 +103,24 @@ class _Tail(torch.autograd.Function):
     zero logits it returns only keep the training code on its one path)."""
 
     @staticmethod
-    def forward(ctx, out: torch.Tensor, stage: PipelineCausalLM, tag: int) -> torch.Tensor:
-        ctx.stage, ctx.tag, ctx.shape = stage, tag, out.shape
+    def forward(ctx, out: torch.Tensor, stage: PipelineCausalLM, tag: int, pass_: dict):
+        ctx.stage, ctx.tag, ctx.shape, ctx.pass_ = stage, tag, out.shape, pass_
         stage.isend(out.detach().contiguous(), stage.next_rank, ACTIVATION_TAG + tag)
         seq, rows = out.shape[0], out.shape[1]
         return out.new_zeros(rows, seq, stage.config.vocab_size)
 
     @staticmethod
     def backward(ctx, _ignored: torch.Tensor):
-        stage = ctx.stage
+        stage, pass_ = ctx.stage, ctx.pass_
+        if not stage.status(ctx.tag, pass_):
+            # The later stage refused the pass (a non-finite loss, an error in its loss): it sent
+            # a 0 status for every microbatch it had not answered; fail here too (the training
+            # code restores the gradients) once the rest of the pass's messages are taken.
+            stage.drain(pass_)
+            raise PipelineAbortedError("a later pipeline stage failed this pass")
         grad = torch.empty(ctx.shape, dtype=stage.act_dtype, device=stage.act_device)
         dist.recv(grad, stage.next_rank, tag=GRADIENT_TAG + ctx.tag)
-        return grad, None, None
+        return grad, None, None, None
 
 
 class PipelineCausalLM(MegatronCausalLM):
@@ -128,6 +139,10 @@ class PipelineCausalLM(MegatronCausalLM):
         self.act_dtype, self.act_device = like.dtype, like.device
         self.microbatches = ps.get_pipeline_model_parallel_world_size()
         self._pending: list[tuple[Any, torch.Tensor]] = []
+        #: Microbatches received with gradients on whose gradient the previous stage waits.
+        self.outstanding: set[int] = set()
+        #: The last pass sent on with gradients (its statuses and gradients still to come).
+        self.current_pass: dict | None = None
 
     def get_input_embeddings(self) -> torch.nn.Module:
         # Only the first stage has the embedding: every stage shows the vocabulary's shape.
@@ -147,7 +162,38 @@ class PipelineCausalLM(MegatronCausalLM):
             work.wait()
 
     def _send_gradient(self, grad: torch.Tensor, tag: int) -> None:
+        self.isend(torch.ones(1, device=self.act_device), self.prev_rank, STATUS_TAG + tag)
         self.isend(grad.detach().contiguous(), self.prev_rank, GRADIENT_TAG + tag)
+        self.outstanding.discard(tag)
+
+    def status(self, tag: int, pass_: dict) -> bool:
+        """The next stage's status for microbatch ``tag`` of a pass (True: a gradient follows)."""
+        flag = torch.empty(1, device=self.act_device)
+        dist.recv(flag, self.next_rank, tag=STATUS_TAG + tag)
+        pass_["received"].add(tag)
+        return bool(flag[0] > 0)
+
+    def drain(self, pass_: dict | None = None) -> None:
+        """Take every message the next stage still sends for a pass this stage gives up on (a
+        status per microbatch, and the gradient after a 1), so none is left for the next pass."""
+        pass_ = pass_ or self.current_pass
+        self.current_pass = None
+        if pass_ is None:
+            return
+        for tag in range(pass_["n"]):
+            if tag not in pass_["received"] and self.status(tag, pass_):
+                size = pass_["shapes"][tag]
+                dist.recv(
+                    torch.empty(size, dtype=self.act_dtype, device=self.act_device),
+                    self.next_rank,
+                    tag=GRADIENT_TAG + tag,
+                )
+
+    def abort_outstanding(self) -> None:
+        """This stage failed the pass: tell the previous stage for every microbatch it waits on."""
+        for tag in sorted(self.outstanding):
+            self.isend(torch.zeros(1, device=self.act_device), self.prev_rank, STATUS_TAG + tag)
+        self.outstanding.clear()
 
     def forward(
         self,
@@ -160,19 +206,25 @@ class PipelineCausalLM(MegatronCausalLM):
         position_ids, mask = megatron_inputs(input_ids, attention_mask, position_ids)
         seq = input_ids.shape[1]
         outs = []
+        cuts = microbatch_rows(input_ids.shape[0], self.microbatches)
+        pass_ = {"n": len(cuts), "received": set(), "shapes": {}}  # shared by its _Tail nodes
+        if not self.last and torch.is_grad_enabled():
+            self.current_pass = pass_
         with cpu_shims(self._device):
-            for tag, rows in enumerate(microbatch_rows(input_ids.shape[0], self.microbatches)):
+            for tag, rows in enumerate(cuts):
                 if not self.first:
                     size = (seq, rows.stop - rows.start, self.config.hidden_size)
                     hidden = torch.empty(size, dtype=self.act_dtype, device=self.act_device)
                     dist.recv(hidden, self.prev_rank, tag=ACTIVATION_TAG + tag)
                     if torch.is_grad_enabled():
+                        self.outstanding.add(tag)
                         hidden.requires_grad_(True)
                         hidden.register_hook(partial(self._send_gradient, tag=tag))
                     self.gpt.set_input_tensor(hidden)
                 with self.router.route(_shifted(self.router.routes, rows)):
                     out = self.gpt(input_ids[rows], position_ids[rows], mask[rows])
-                outs.append(out if self.last else _Tail.apply(out, self, tag))
+                pass_["shapes"][tag] = out.shape
+                outs.append(out if self.last else _Tail.apply(out, self, tag, pass_))
         return SimpleNamespace(logits=torch.cat(outs) if len(outs) > 1 else outs[0])
 
 

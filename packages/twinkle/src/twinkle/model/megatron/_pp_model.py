@@ -132,6 +132,22 @@ class PipelineMegatronModel(MultiLoraMegatronModel):
         dist.all_reduce(budget, op=dist.ReduceOp.MIN)
         self.options = dataclasses.replace(self.options, max_pass_tokens=int(budget) or None)
 
+    def _forward_backward_many(self, requests):
+        # Only the fused path tracks which microbatches a failure must answer: gradients the
+        # previous stage waits on from an earlier ``forward`` (never backpropagated) are not.
+        self.model.outstanding.clear()
+        self.model.current_pass = None
+        try:
+            return super()._forward_backward_many(requests)
+        except BaseException:
+            # This stage failed the pass (before or during its backward): take what the next
+            # stage still sends for it, then fail the previous stage's pass too. A stage that
+            # fails alone before the backward of a multi-pass call is not covered (the next
+            # stage would wait for the next pass's activations): docs/megatron.md.
+            self.model.drain()
+            self.model.abort_outstanding()
+            raise
+
     # ----------------------------------------------------------- clipping across stages
     @contextlib.contextmanager
     def _norms_over_stages(self):
