@@ -8,6 +8,12 @@ stand-ins and its forward is never called). The megatron linears are wrapped by
 :class:`_LoraParallelLinear`, which adds those adapters' deltas to megatron's output: q/k/v deltas
 are interleaved into ``linear_qkv``'s GQA layout, gate/up deltas concatenated as ``linear_fc1``'s
 halves. Saved adapters therefore carry HF names and load with ``peft.PeftModel`` on the HF model.
+
+The LM head (HF ``lm_head``; Tinker's ``train_unembed``) is one more column-parallel part:
+:class:`_LoraOutputLayer` adds each tenant's ``(x A^T) B^T`` to megatron's ``output_layer``
+logits (its vocab shard at tp > 1, before the logits gather). With tied embeddings megatron passes
+the embedding weight into ``output_layer``; the adapter still adapts only the output, as PEFT's
+does on a tied HF ``lm_head``. Not under pipeline parallel (see ``multi_lora``).
 """
 
 from __future__ import annotations
@@ -140,6 +146,43 @@ class _LoraParallelLinear(nn.Module):
         return _tp_lora.column_delta(xb, segments, part.out_features)
 
 
+class _LoraOutputLayer(nn.Module):
+    """megatron's ``output_layer`` (ColumnParallelLinear over the vocabulary) plus the tenants'
+    ``lm_head`` deltas, added to this rank's vocab shard before the logits are gathered."""
+
+    def __init__(self, base: nn.Module, part: MultiLoraLinear, tp_size: int = 1) -> None:
+        super().__init__()
+        self.base, self.tp_size = base, tp_size
+        object.__setattr__(self, "part", part)  # registered in the HF view's place only
+
+    def __getattr__(self, name: str) -> Any:
+        # GPTModel reads the output layer's attributes (``weight``, ``sequence_parallel``...).
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.base, name)
+
+    def forward(self, x: torch.Tensor, weight=None, runtime_gather_output=None):
+        segments = self.part.segments(x.shape[1])
+        if not segments:
+            return self.base(x, weight=weight, runtime_gather_output=runtime_gather_output)
+        gather = self.base.gather_output if runtime_gather_output is None else runtime_gather_output
+        logits, bias = self.base(x, weight=weight, runtime_gather_output=False)
+        xb = x.transpose(0, 1)
+        if self.tp_size == 1:
+            delta = self.part.lora_delta(xb, segments)
+        else:
+            delta = _tp_lora.column_delta(xb, segments, self.part.out_features)
+        logits = logits + delta.transpose(0, 1).to(logits.dtype)
+        if gather and self.tp_size > 1:
+            from megatron.core.tensor_parallel.mappings import (
+                gather_from_tensor_model_parallel_region,
+            )
+
+            logits = gather_from_tensor_model_parallel_region(logits)
+        return logits, bias
+
+
 class MegatronCausalLM(nn.Module):
     """``model(input_ids, attention_mask, position_ids).logits`` ([batch, seq, vocab]) from a GPTModel.
 
@@ -159,6 +202,12 @@ class MegatronCausalLM(nn.Module):
         super().__init__()
         like = next(gpt.parameters())  # a pipeline stage past the first has no embedding
         self.model = _HFView(hf_config, router, like, layers)
+        output_layer = getattr(gpt, "output_layer", None)
+        whole = layers is None or len(layers) == hf_config.num_hidden_layers
+        if output_layer is not None and whole:  # pp 1: the HF ``lm_head`` after the layers
+            h, vocab = hf_config.hidden_size, hf_config.vocab_size
+            self.lm_head = MultiLoraLinear(_ShapeOnlyLinear(h, vocab, like), router)
+            gpt.output_layer = _LoraOutputLayer(output_layer, self.lm_head, tp_size)
         self.gpt = gpt
         self.config = hf_config
         self._device = device
@@ -190,7 +239,8 @@ class MegatronCausalLM(nn.Module):
         return _ShapeOnlyLinear(embedding.weight.shape[1], vocab, embedding.weight)
 
     def get_output_embeddings(self) -> nn.Module | None:
-        return getattr(self.gpt, "output_layer", None)
+        # The HF view's LM head: 'all-linear' leaves it out, as peft does; naming it adapts it.
+        return getattr(self, "lm_head", None)
 
     def forward(
         self,

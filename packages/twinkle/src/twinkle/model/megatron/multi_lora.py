@@ -31,9 +31,9 @@ def _selects_output_layer(selector: Any) -> bool:
 class MultiLoraMegatronModel(MultiLoraTransformersModel):
     """Many tenants' LoRA adapters on one frozen megatron-core ``GPTModel`` (tensor parallel 1).
 
-    Same public API and semantics as :class:`~twinkle.model.MultiLoraTransformersModel`; it only
-    builds a different base model (HF weights converted to megatron's layout) and accepts only
-    Adam-family optimizers. Adapters carry HF module names, so saved checkpoints are standard PEFT
+    Same public API and semantics as :class:`~twinkle.model.MultiLoraTransformersModel` (LoRA on
+    ``lm_head`` included, at pp 1); it only builds a different base model (HF weights converted
+    to megatron's layout) and accepts only Adam-family optimizers. Adapters carry HF module names, so saved checkpoints are standard PEFT
     adapters of the HF model. Supports Qwen3 dense models; Qwen3.5 (linear attention) is refused.
 
     Args:
@@ -115,20 +115,23 @@ class MultiLoraMegatronModel(MultiLoraTransformersModel):
         gradient_accumulation_steps: int = 1,
         **kwargs: Any,
     ) -> None:
-        """As the transformers backend, but the LM head (megatron's ``output_layer``) carries no
-        adapter here.
+        """As the transformers backend; the LM head (``lm_head``, megatron's ``output_layer``)
+        is adapted when ``target_modules`` names it, except under pipeline parallel.
 
         Raises:
-            InvalidArgumentError: ``target_modules`` selects ``lm_head``, or any LoraConfig field
-                the transformers backend refuses.
+            InvalidArgumentError: ``target_modules`` selects ``lm_head`` with ``pp_size > 1``, or
+                any LoraConfig field the transformers backend refuses.
         """
         spec = adapter_spec_from_config(adapter_name, config)
         selector = spec.target_modules
-        if selector != "all-linear" and _selects_output_layer(selector):
+        if self.pp_size > 1 and selector != "all-linear" and _selects_output_layer(selector):
+            # The head lives on the last stage only; its adapter would need the stages' save,
+            # load and clipping to carry a part only one stage has. Not done.
             raise InvalidArgumentError(
                 f"adapter {adapter_name!r}: LoraConfig field target_modules={selector!r} is "
-                f"refused: it selects {OUTPUT_LAYER!r}, and backend 'megatron' adapts only the "
-                "attention and MLP projections (drop it, e.g. Tinker's train_unembed=False)"
+                f"refused: it selects {OUTPUT_LAYER!r}, which backend 'megatron' does not adapt "
+                "under pipeline parallel (pp_size > 1); drop it, e.g. Tinker's "
+                "train_unembed=False"
             )
         _moe.check_adapter_targets(self.model.config, adapter_name, selector)
         super().add_adapter_to_model(adapter_name, config, gradient_accumulation_steps, **kwargs)
