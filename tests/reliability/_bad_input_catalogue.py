@@ -528,6 +528,75 @@ def fixed_defects() -> list[Case]:
                 json={"adapter_name": "default", **body},
             )
         )
+    # the at-length fuzz run (budget 25): fields of the wrong type reaching a str/hash
+    cases += [
+        Case(
+            "session_heartbeat session_id float",
+            "POST",
+            f"{V1}/session_heartbeat",
+            ("session_id",),
+            json={"session_id": 0.0},
+        ),
+        Case(
+            "session_heartbeat session_id object",
+            "POST",
+            f"{V1}/session_heartbeat",
+            ("session_id",),
+            json={"session_id": {"": None}},
+        ),
+        Case(
+            "save_weights seq_id object",
+            "POST",
+            f"{V1}/save_weights",
+            ("seq_id",),
+            json={"model_id": "{alice_model}", "seq_id": {}, "path": "p"},
+        ),
+        Case(
+            "save_weights_external seq_id list",
+            "POST",
+            f"{V1}/save_weights_external",
+            ("seq_id",),
+            json={"model_id": "{alice_model}", "seq_id": [1], "path": "p"},
+        ),
+        Case(
+            "save_weights model_id int",
+            "POST",
+            f"{V1}/save_weights",
+            ("model_id",),
+            json={"model_id": 7, "seq_id": 1, "path": "p"},
+        ),
+        Case(
+            "native sample input_ids int",
+            "POST",
+            f"{SAMPLER}/sample",
+            ("input",),
+            json={"inputs": [{"input_ids": 5}]},
+        ),
+        Case(
+            "processor create_dataset empty meta",
+            "POST",
+            f"{PROCESSOR}/create_dataset",
+            ("dataset_meta", "dataset_id"),
+            json={"dataset_meta": {}},
+        ),
+        Case(
+            "create_sampling_session unknown base_model",
+            "POST",
+            f"{V1}/create_sampling_session",
+            ("base_model",),
+            json={"session_id": "{alice_session}", "sampling_session_seq_id": 9, "base_model": "x"},
+            status=404,
+        ),
+        # Starlette's plain-text "Not Found" for a path no route matches (an id holding '/')
+        Case("samplers id with a slash", "GET", f"{V1}/samplers/a%2Fb", ("path",), status=404),
+        Case(
+            "archive name with a slash",
+            "GET",
+            f"{V1}/training_runs/{{alice_run}}/checkpoints/weights/a%2Fb/archive",
+            ("path",),
+            status=404,
+        ),
+    ]
     return cases
 
 

@@ -105,7 +105,12 @@ def build_local_server(config: ServerConfig, store: Any = None) -> LocalServer:
         if app_config.import_path == "server" or isinstance(app_config.args, ServerArgs):
             mounts.append((app_config.route_prefix, create_gateway_app(ctx, backends)))
     mounts.sort(key=lambda m: len(m[0]), reverse=True)
-    app = Starlette(routes=[Mount(prefix.rstrip("/"), app=sub) for prefix, sub in mounts])
+    from twinkle.server.web import http_error
+
+    app = Starlette(
+        routes=[Mount(prefix.rstrip("/"), app=sub) for prefix, sub in mounts],
+        exception_handlers={404: http_error, 405: http_error},
+    )
     return LocalServer(app, ctx, backends, services)
 
 

@@ -11,10 +11,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from twinkle.server import request_ids
 from twinkle.server.errors import (
     BadRequest,
+    NotFound,
     PayloadTooLarge,
     ServiceError,
     Unauthorized,
@@ -47,6 +49,26 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         return error_response(BadRequest(f"invalid request: {exc.errors()}"))
+
+    app.add_exception_handler(StarletteHTTPException, http_error)
+
+
+async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """The router's own errors (no route matches, method not allowed) in the JSON error format
+    of every other answer, not Starlette's plain ``Not Found``."""
+    if exc.status_code == 404:
+        error: ServiceError = NotFound(
+            f"no route matches {request.method} {request.url.path}: check the path's ids, "
+            "names and tokens (none may contain '/')"
+        )
+    else:
+        error = ServiceError(str(exc.detail))
+        error.status = error.status_code = exc.status_code
+        error.category = "user" if 400 <= exc.status_code < 500 else "server"
+    response = error_response(error)
+    for name, value in (exc.headers or {}).items():
+        response.headers[name] = value
+    return response
 
 
 def error_response(exc: ServiceError) -> JSONResponse:

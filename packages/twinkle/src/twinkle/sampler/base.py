@@ -299,6 +299,10 @@ def _is_single(inputs: Any) -> bool:
 def _token_list(value: Any) -> list[int]:
     if hasattr(value, "tolist"):
         value = value.tolist()
+    if not isinstance(value, (list, tuple)):
+        raise InvalidArgumentError(
+            f"input_ids must be a list of token ids, got {type(value).__name__}"
+        )
     tokens = list(value)
     if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in tokens):
         raise InvalidArgumentError("token ids must be integers")

@@ -94,14 +94,16 @@ class Backends:
     def model(self, base_model: str) -> OperationClient:
         if base_model not in self.models:
             raise NotFound(
-                f"unknown base model {base_model!r}; this server trains: {', '.join(self.models) or 'none'}"
+                f"unknown base model {base_model!r} (base_model); this server trains: "
+                f"{', '.join(self.models) or 'none'}"
             )
         return self.models[base_model]
 
     def sampler(self, base_model: str) -> OperationClient:
         if base_model not in self.samplers:
             raise NotFound(
-                f"no sampler for base model {base_model!r}; samplers: {', '.join(self.samplers) or 'none'}"
+                f"base_model {base_model!r} has no sampler here; samplers: "
+                f"{', '.join(self.samplers) or 'none'}"
             )
         return self.samplers[base_model]
 

@@ -110,7 +110,7 @@ def create_common_router(ctx: ServerContext, backends: Backends) -> APIRouter:
     async def heartbeat(request: Request) -> dict:
         owner = ctx.authenticate(request.headers)
         body = await read_json(request, max_bytes)
-        state.heartbeat(owner, _required(body, "session_id"))
+        state.heartbeat(owner, _required(body, "session_id", str))
         return {"type": "session_heartbeat"}
 
     @router.post("/sessions/{session_id}/finish")
@@ -170,7 +170,10 @@ def create_common_router(ctx: ServerContext, backends: Backends) -> APIRouter:
     return router
 
 
-def _required(body: dict, key: str):
+def _required(body: dict, key: str, kind: type | None = None):
     if key not in body:
         raise BadRequest(f"missing field {key!r}")
+    if kind is not None and not isinstance(body[key], kind):
+        wanted = {"str": "string", "int": "integer"}.get(kind.__name__, kind.__name__)
+        raise BadRequest(f"{key} must be a {wanted}, got {type(body[key]).__name__}")
     return body[key]

@@ -128,6 +128,8 @@ class ProcessorService:
         if unknown:
             raise BadRequest(f"unknown dataset_meta field(s) {unknown}; known: {list(_META_KEYS)}")
         values = {k: wire.get(k) for k in _META_KEYS if wire.get(k) is not None}
+        if "dataset_id" not in values and "data" not in values:
+            raise BadRequest("dataset_meta needs dataset_id or data")
         values["data_slice"] = _selection(wire.get("data_slice"))
         if "dataset_id" in values:
             self._check_source(str(values["dataset_id"]))

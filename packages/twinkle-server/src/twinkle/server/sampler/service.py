@@ -128,14 +128,7 @@ class SamplerService:
                 "inputs must be a non-empty list of trajectories, features or token-id lists"
             )
         check_request_images(inputs)
-        tokens = sum(
-            len(x)
-            if isinstance(x, list)
-            else len(x.get("input_ids", ()))
-            if isinstance(x, dict)
-            else 0
-            for x in inputs
-        )
+        tokens = sum(_token_count(x) for x in inputs)
         params = self._check_params(payload.get("sampling_params"))
         self.rate_limiter.check(owner, tokens)
         uris = self._adapter_dirs(owner, payload.get("adapter_uri"), len(inputs))
@@ -257,3 +250,16 @@ class SamplerService:
 
     def status(self) -> dict[str, Any]:
         return {"base_model": self.base_model, "requests": self.requests}
+
+
+def _token_count(item: Any) -> int:
+    """Prompt tokens of one input for the rate limiter; 0 for a shape the sampler then refuses
+    with a 400 naming it (a rate check must never turn a malformed input into a 500)."""
+    ids = (
+        item
+        if isinstance(item, list)
+        else item.get("input_ids")
+        if isinstance(item, dict)
+        else None
+    )
+    return len(ids) if isinstance(ids, (list, tuple)) else 0

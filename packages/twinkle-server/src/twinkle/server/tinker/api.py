@@ -67,6 +67,10 @@ class TinkerApi:
         owner = self.ctx.authenticate(request.headers)
         body = await read_json(request, self.max_bytes)
         model_id, seq_id = body.get("model_id"), body.get("seq_id")
+        if model_id is not None and not isinstance(model_id, str):
+            raise BadRequest(f"model_id must be a string, got {type(model_id).__name__}")
+        if seq_id is not None and (not isinstance(seq_id, int) or isinstance(seq_id, bool)):
+            raise BadRequest(f"seq_id must be an integer, got {type(seq_id).__name__}")
         keys = self.dedupe_keys(request, kind, model_id, seq_id, request_digest(body))
         return SequencedCall(
             kind, owner, body, model_id, seq_id, keys, self.futures.find(owner, keys)
