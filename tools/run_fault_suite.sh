@@ -4,7 +4,7 @@
 # futures, lost adapters, a full disk mid-checkpoint) and the slow part (eight tenants of both
 # clients through a SIGKILL, Redis SIGKILLed under a live server; under `twinkle-server launch`
 # on Ray Serve, one replica SIGKILLed: the gateway, the model mid-step, a data-parallel worker;
-# TWINKLE_FAULT_TENANTS sets their tenant count, default 4).
+# TWINKLE_FAULT_TENANTS sets their tenant count, default 8).
 #   tools/run_fault_suite.sh [extra pytest args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
