@@ -115,9 +115,21 @@ def test_megatron_moe_is_accepted_where_built_and_refused_naming_why():
     assert _megatron_moe_problems({}) == []  # tiny Qwen3-MoE, tp 1: built
     (problem,) = _megatron_moe_problems({"tp_size": 2})
     assert "device_mesh.tp_size" in problem and "with the MoE model" in problem
-    (problem,) = _megatron_moe_problems({"dp_size": 2, "ep_size": 2})
-    assert "device_mesh.ep_size: 2 > 1 is refused by backend 'megatron'" in problem
-    assert "served expert parallel is not built" in problem
+    # ep over the dp ranks (megatron's layout), one world of ep ranks: built
+    assert _megatron_moe_problems({"dp_size": 2, "ep_size": 2}) == []
+    (problem,) = _megatron_moe_problems({"dp_size": 4, "ep_size": 2}, ranks=4)
+    assert "device_mesh.ep_size: 2 with dp_size 4" in problem
+    assert "dp_size == ep_size at tp = pp = 1" in problem
+
+
+def test_megatron_ep_on_a_dense_model_is_refused_naming_why():
+    data = tiny_config_data()
+    model = _model(data)
+    model["args"].update(backend="megatron", model_id="tiny://qwen3")
+    model["args"]["device_group"] = {"name": "model", "ranks": 2, "device_type": "cpu"}
+    model["args"]["device_mesh"] = {"device_type": "cpu", "dp_size": 2, "ep_size": 2}
+    (problem,) = [p for p in _problems(data) if ".args.device_mesh" in p]
+    assert "device_mesh.ep_size" in problem and "needs an MoE model" in problem
 
 
 def test_megatron_without_megatron_core(monkeypatch):

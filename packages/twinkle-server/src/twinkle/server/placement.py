@@ -34,7 +34,7 @@ def megatron_world(app_config: ApplicationConfig) -> bool:
     return (
         getattr(args, "backend", None) == "megatron"
         and mesh is not None
-        and (mesh.tp_size > 1 or mesh.pp_size > 1)
+        and (mesh.tp_size > 1 or mesh.pp_size > 1 or mesh.ep_size > 1)
     )
 
 

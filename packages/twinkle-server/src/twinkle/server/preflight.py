@@ -89,29 +89,30 @@ def _model_problems(app: ApplicationConfig) -> list[str]:
         )
     tp = mesh.tp_size if mesh is not None else 1
     pp = mesh.pp_size if mesh is not None else 1
-    problems += _architecture_problems(args.backend, args.model_id, tp, pp)
+    ep = mesh.ep_size if mesh is not None else 1
+    problems += _architecture_problems(args.backend, args.model_id, tp, pp, ep)
     return problems
 
 
-#: Why the megatron backend refuses a parallel size > 1 (built: tp_size and pp_size, worker ranks
-#: of one world; dp_size, Ray replicas at tp = pp = 1, else dp groups of that world).
-MEGATRON_UNSUPPORTED = {
-    "ep_size": "served expert parallel is not built (the library's ParallelMegatronModel(ep_size="
-    "N) splits a Qwen3-MoE model's experts over N ranks, each fed the whole batch; serving it "
-    "needs the dp x ep world, rows split over the data-parallel ranks megatron carves the "
-    "expert groups from); serve MoE models with ep_size 1",
-}
+#: What the megatron backend builds of ``ep_size`` > 1 (tp_size and pp_size: worker ranks of one
+#: world; dp_size: Ray replicas at tp = pp = 1, else dp groups of that world).
+EP_BUILT = (
+    "served expert parallel is built as dp_size == ep_size at tp = pp = 1 (megatron carves the "
+    "expert groups from the data-parallel ranks): one world of ep_size ranks, each holding "
+    "1/ep_size of a Qwen3-MoE model's experts and fed the whole batch (rows are not split over "
+    "the expert ranks yet)"
+)
 
 
 def _megatron_mesh_problems(mesh) -> list[str]:
-    if mesh is None:
+    if mesh is None or mesh.ep_size == 1:
         return []
-    problems = [
-        f"device_mesh.{size}: {getattr(mesh, size)} > 1 is refused by backend 'megatron': {why}"
-        for size, why in MEGATRON_UNSUPPORTED.items()
-        if getattr(mesh, size) > 1
+    if mesh.tp_size == 1 and mesh.pp_size == 1 and mesh.dp_size == mesh.ep_size:
+        return []
+    return [
+        f"device_mesh.ep_size: {mesh.ep_size} with dp_size {mesh.dp_size}, tp_size "
+        f"{mesh.tp_size}, pp_size {mesh.pp_size} is refused by backend 'megatron': {EP_BUILT}"
     ]
-    return problems
 
 
 def _sampler_problems(app: ApplicationConfig) -> list[str]:
@@ -150,7 +151,7 @@ def _cached_model_dir(model_id: str) -> Path | None:
 
 
 def _architecture_problems(
-    backend: str, model_id: str, tp_size: int = 1, pp_size: int = 1
+    backend: str, model_id: str, tp_size: int = 1, pp_size: int = 1, ep_size: int = 1
 ) -> list[str]:
     if backend != "megatron":
         return []
@@ -176,4 +177,11 @@ def _architecture_problems(
         check_pp(hf_config, model_id, pp_size)
     except ValueError as error:
         return [f"device_mesh.pp_size: {error}"]
+    if ep_size > 1:
+        from twinkle.model.megatron._moe import check_moe
+
+        try:
+            check_moe(hf_config, model_id, tp_size, ep_size)
+        except ValueError as error:
+            return [f"device_mesh.ep_size: {error}"]
     return []

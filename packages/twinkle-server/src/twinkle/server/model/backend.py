@@ -30,7 +30,8 @@ def create_backend(
         ValueError: Unknown backend, or ``dp_size > 1`` with a backend other than transformers.
         RuntimeError: ``megatron`` without megatron-core.
     """
-    one_world = backend == "megatron" and (tp_size > 1 or pp_size > 1)
+    ep_size = int(kwargs.get("ep_size", 1) or 1)  # megatron MoE: experts over that many ranks
+    one_world = backend == "megatron" and (tp_size > 1 or pp_size > 1 or ep_size > 1)
     if dp_size > 1 and not one_world:
         if backend not in ("transformers", "megatron"):
             raise ValueError(

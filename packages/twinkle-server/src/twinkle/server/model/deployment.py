@@ -44,6 +44,11 @@ def build_service(app_config: ApplicationConfig, context) -> ModelService:
     if one_world:
         # megatron's worker ranks, dp x pp x tp in one world (preflight checked the rest)
         kwargs.update(tp_size=mesh.tp_size, pp_size=mesh.pp_size)
+        if mesh.ep_size > 1:
+            # dp_size == ep_size (preflight): the expert ranks are the world's dp ranks, each
+            # fed the whole batch, so the world is ep_size ranks without a row split
+            kwargs.pop("dp_size", None)
+            kwargs["ep_size"] = mesh.ep_size
     torch_backend = args.backend != "mock"
     options = args.execution.options()
     if torch_backend:
