@@ -2,8 +2,9 @@
 persistence), with tenants of both clients training through it; plus the recovery rules that the
 kill exercises, checked in-process (orphaned futures, lost adapters, a full disk mid-checkpoint).
 
-The Ray kills (gateway replica, model replica, a data-parallel worker), Redis itself killed and
-eight tenants are in ``test_faults_slow.py`` and ``tools/run_fault_suite.sh``.
+Redis itself killed is in ``test_faults_slow.py``; the Ray kills (gateway replica, model replica,
+a data-parallel worker) with eight tenants are in ``test_faults_replica.py``; all of them run
+through ``tools/run_fault_suite.sh``.
 """
 
 from __future__ import annotations
