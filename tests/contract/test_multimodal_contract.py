@@ -238,7 +238,11 @@ def test_image_sft_script_gives_the_same_results_both_ways(backends, vl_server, 
     assert l_losses[-1] < l_losses[0], l_losses
     np.testing.assert_allclose(r_losses, l_losses, rtol=RTOL, atol=ATOL)
     assert any(k.startswith("base_model.model.model.visual.") for k in l_weights)
-    assert_same_adapter(l_weights, r_weights)
+    # Per tensor, as in the fused case: a clean-clone CI run saw one vision-tower element of 768
+    # differ by 1.4e-6 (a 6e-4 entry) after three AdamW steps. The server's model thread and this
+    # process sum fp32 in different orders (their torch thread counts differ) and AdamW magnifies
+    # near-zero gradients; a real mismatch moves whole tensors far beyond 1e-4.
+    assert_same_adapter(l_weights, r_weights, per_tensor_rtol=FUSED_RTOL)
     assert r_scored["loss"] == pytest.approx(l_scored["loss"], rel=RTOL)
     for want, got in zip(l_scored["logprobs"], r_scored["logprobs"], strict=True):
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)

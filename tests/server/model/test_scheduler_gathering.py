@@ -86,7 +86,9 @@ def test_a_tenant_that_thinks_longer_than_the_window_is_not_waited_for():
     # b loads data for 0.2 s between calls: a must not wait for it.
     waits = run_clients(0.05, {"a": (12, 0.0), "b": (3, 0.0, 0.2)}).waits["a"]
     late = waits[6:]  # once b's think time is known
-    assert max(late) < 0.01, late
+    # Waiting for b would hold a for the 50 ms window on every call; a loaded machine may
+    # delay one call by itself (38 ms seen in CI beside other jobs), which is not a wait for b.
+    assert sum(w >= 0.01 for w in late) <= 1, late
 
 
 def test_no_gathering_when_disabled_or_when_nobody_is_expected():

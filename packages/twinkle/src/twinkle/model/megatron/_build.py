@@ -2,7 +2,7 @@
 
 The CUDA shims megatron-core needs on a CPU-only torch live here and nowhere else:
 ``torch.cuda.current_device`` is replaced only for the duration of a forward pass
-(:func:`cpu_shims`), and megatron's CUDA RNG tracker is swapped for a no-op one only when the
+(:func:`._shims.cpu_shims`), and megatron's CUDA RNG tracker is swapped for a no-op one only when the
 process has no CUDA (dropout is 0 in this backend, so the tracker never draws numbers).
 """
 
@@ -90,21 +90,6 @@ class _NoopRngTracker:
 
     def reset(self) -> None:
         pass
-
-
-@contextlib.contextmanager
-def cpu_shims(device: torch.device):
-    """While megatron runs on CPU, ``torch.cuda.current_device()`` answers ``'cpu'`` (its RoPE
-    moves tensors there); restored on exit. A no-op on CUDA devices."""
-    if device.type != "cpu":
-        yield
-        return
-    original = torch.cuda.current_device
-    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        torch.cuda.current_device = original  # type: ignore[assignment]
 
 
 def quiet_megatron_warnings() -> None:

@@ -26,7 +26,7 @@ from torch import nn
 
 from twinkle.model.lora import LoraRouter, MultiLoraLinear
 from twinkle.model.megatron import _moe, _tp_lora
-from twinkle.model.megatron._build import cpu_shims
+from twinkle.model.megatron._shims import cpu_shims
 
 
 class _ShapeOnlyLinear(nn.Module):

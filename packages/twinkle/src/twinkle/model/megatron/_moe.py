@@ -211,9 +211,9 @@ def install_shims() -> None:
     if not getattr(backward, "_twinkle_cpu", False):
         # The all-to-all's backward is another all-to-all, whose output is allocated on
         # torch.cuda.current_device(): shimmed to the host during the forward pass only
-        # (_build.cpu_shims), so the backward gets the same shim.
+        # (_shims.cpu_shims), so the backward gets the same shim.
         def cpu_backward(ctx, *grads):
-            from twinkle.model.megatron._build import cpu_shims
+            from twinkle.model.megatron._shims import cpu_shims
 
             with cpu_shims(torch.device("cpu")):
                 return backward(ctx, *grads)

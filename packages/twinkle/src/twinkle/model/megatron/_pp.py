@@ -33,8 +33,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from twinkle.model.megatron._build import cpu_shims
 from twinkle.model.megatron._model import MegatronCausalLM, _ShapeOnlyLinear, megatron_inputs
+from twinkle.model.megatron._shims import cpu_shims
 
 #: Tag offsets: forward activations (stage k -> k+1), their gradients (k+1 -> k), and the
 #: status that precedes each gradient (1: a gradient follows, 0: the later stage failed the pass).
