@@ -6,7 +6,7 @@ pytest.importorskip("megatron.core", reason="megatron-core is not installed")
 
 import torch  # noqa: E402
 
-from tests.megatron.test_megatron_parallel import TENANTS, assert_rel_close, make_batch  # noqa: E402
+from tests.megatron._equivalence import TENANTS, assert_rel_close, make_batch  # noqa: E402
 
 
 def train(model):

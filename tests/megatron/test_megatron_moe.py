@@ -179,29 +179,15 @@ def test_moe_checks_name_the_field():
 def test_ep2_equals_the_transformers_backend(tmp_path):
     """Experts split over 2 gloo ranks (megatron's alltoall dispatcher), two tenants r4 / r8:
     losses, post-step adapters and the saved checkpoint equal the transformers backend."""
-    from safetensors.torch import load_file
-
-    from tests.megatron.test_megatron_parallel import assert_rel_close, train_two_tenants
+    from tests.megatron._equivalence import assert_equals_reference, train_two_tenants
     from twinkle.model import MultiLoraTransformersModel
     from twinkle.model.megatron.parallel import ParallelMegatronModel
 
-    ref_losses, ref_states, ref_dir = train_two_tenants(
-        MultiLoraTransformersModel(MOE), tmp_path / "hf"
-    )
+    reference = train_two_tenants(MultiLoraTransformersModel(MOE), tmp_path / "hf")
     with ParallelMegatronModel(MOE, tp_size=1, ep_size=2) as ep2:
         assert ep2.world == 2
         losses, states, saved = train_two_tenants(ep2, tmp_path / "ep2")
-    assert losses == pytest.approx(ref_losses, rel=1e-4)
-    assert ref_losses[2] != pytest.approx(ref_losses[0], rel=1e-3)  # the step moved the adapters
-    for name in TENANTS:
-        assert set(states[name]) == set(ref_states[name])
-        for key, want in ref_states[name].items():
-            assert_rel_close(states[name][key], want)
-    files = load_file(f"{saved}/adapter_model.safetensors")
-    ref_files = load_file(f"{ref_dir}/adapter_model.safetensors")
-    assert set(files) == set(ref_files)
-    for key, want in ref_files.items():
-        assert_rel_close(files[key], want)
+    assert_equals_reference(reference, losses, states, saved)
 
 
 @pytest.mark.slow
@@ -209,8 +195,8 @@ def test_dp2_replicas_of_the_moe_model_equal_the_transformers_backend():
     """``dp_size: 2`` (each Ray replica the whole MoE model, ep 1; check-config accepts it):
     rows split 2/1, two clipped Adam steps per tenant, equal to one transformers model."""
     import twinkle
+    from tests.megatron._equivalence import assert_rel_close
     from tests.megatron.test_megatron_dp import train
-    from tests.megatron.test_megatron_parallel import assert_rel_close
     from twinkle.model import MultiLoraTransformersModel
     from twinkle.parallel import DataParallelModel, DeviceGroup
 

@@ -1,17 +1,13 @@
 """Pipeline parallel megatron (pp=2; tp=2 x pp=2) equals the transformers backend, fp32 on CPU."""
 
-import json
-
 import pytest
 
 pytest.importorskip("megatron.core", reason="megatron-core is not installed")
 
 import torch  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
 
-from tests.megatron.test_megatron_parallel import (  # noqa: E402
-    TENANTS,
-    assert_rel_close,
+from tests.megatron._equivalence import (  # noqa: E402
+    assert_equals_reference,
     make_batch,
     train_two_tenants,
 )
@@ -30,26 +26,6 @@ def reference(tmp_path_factory):
     model = MultiLoraTransformersModel("tiny://qwen3")
     losses, states, saved = train_two_tenants(model, tmp_path_factory.mktemp("hf"))
     return losses, states, saved
-
-
-def assert_equals_reference(reference, losses, states, saved):
-    ref_losses, ref_states, ref_dir = reference
-    assert losses == pytest.approx(ref_losses, rel=1e-4)
-    assert ref_losses[2] != pytest.approx(ref_losses[0], rel=1e-3)  # the step moved the adapters
-    for name in TENANTS:
-        assert set(states[name]) == set(ref_states[name])
-        for key, want in ref_states[name].items():
-            assert_rel_close(states[name][key], want)
-    # One standard PEFT checkpoint gathered from the stages: the transformers backend's keys.
-    files = load_file(f"{saved}/adapter_model.safetensors")
-    ref_files = load_file(f"{ref_dir}/adapter_model.safetensors")
-    assert set(files) == set(ref_files)
-    for key, want in ref_files.items():
-        assert_rel_close(files[key], want)
-    config = json.loads(open(f"{saved}/adapter_config.json").read())
-    ref_config = json.loads(open(f"{ref_dir}/adapter_config.json").read())
-    assert config["r"] == ref_config["r"] == 8
-    assert config["target_modules"] == ref_config["target_modules"]
 
 
 @pytest.mark.slow
