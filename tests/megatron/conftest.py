@@ -34,3 +34,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if str(item.fspath).startswith(here):
             item.add_marker(pytest.mark.filterwarnings("ignore:Warning. tp_group is None"))
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A light local Ray (ENVIRONMENT.md's settings) for the tests of the Ray rank launcher."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():  # another module's Ray: reuse it, leave it running
+        yield ray
+        return
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()

@@ -51,9 +51,10 @@ def test_load_shards_hf_weights_the_way_megatron_splits_them():
 
 
 @pytest.mark.slow
-def test_served_tp2_model_trains_two_tenants(tmp_path):
+def test_served_tp2_model_trains_two_tenants(tmp_path, local_ray):
     """``device_mesh.tp_size: 2`` through the in-process server: the seed's Megatron client flow
-    (optimizer and scheduler 'default', no set_loss) for two tenants of different ranks."""
+    (optimizer and scheduler 'default', no set_loss) for two tenants of different ranks. Ray is
+    initialised, as in a Serve replica, so the ranks are Ray actors."""
     import sys
     from pathlib import Path
 
@@ -72,6 +73,10 @@ def test_served_tp2_model_trains_two_tenants(tmp_path):
         losses = served_seed_flow(server, "/api/v1/model/tiny/qwen3")
         model = server.services["model"].model
         assert isinstance(model, ParallelMegatronModel) and model.tp_size == 2
+        assert model.launcher == "ray"
+        where = model.placements()  # two actors, each in its bundle of the PACK group
+        assert [p["rank"] for p in where] == [0, 1] and where[0]["pid"] != where[1]["pid"]
+        assert all(p["resources"].get("CPU") == 0.25 for p in where), where
     finally:
         server.services["model"].model.close()
     for name in losses:
@@ -88,16 +93,16 @@ def test_a_dead_rank_fails_the_next_call_at_once():
 
     from twinkle.model.megatron.parallel import ParallelMegatronModel
 
-    model = ParallelMegatronModel("tiny://qwen3", tp_size=2)
+    model = ParallelMegatronModel("tiny://qwen3", tp_size=2, launcher="process")
     try:
         model.add_adapter_to_model("a", {"r": 4, "target_modules": "all-linear"})
-        os.kill(model._procs[1].pid, signal.SIGKILL)
-        model._procs[1].join(timeout=30)
+        os.kill(model._ranks.procs[1].pid, signal.SIGKILL)
+        model._ranks.procs[1].join(timeout=30)
         start = time.monotonic()
         with pytest.raises(RuntimeError, match=r"ranks \{1: -9\} exited"):
             model.forward_backward(make_batch(2, 8, 0), adapter_name="a")
         assert time.monotonic() - start < 30
-        assert not model._procs  # closed
+        assert model.closed and not model._ranks.procs
         with pytest.raises(RuntimeError, match="closed"):
             model.list_adapters()
     finally:

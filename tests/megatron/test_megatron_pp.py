@@ -133,7 +133,8 @@ def test_dp2_tp2_in_one_world_equals_the_transformers_backend(reference, tmp_pat
 
 def test_a_served_megatron_dp_x_tp_mesh_builds_one_world(monkeypatch):
     """dp 2 x tp 2 (server_config_4b.yaml's mesh): the deployment asks the backend for one
-    ParallelMegatronModel world (no Ray replicas), and the replica reserves the group's GPUs."""
+    ParallelMegatronModel world (no Ray replicas); its rank actors reserve the group's GPUs, one
+    each, and the replica none."""
     from tests.server.config.config_samples import tiny_config_data
     from twinkle.server.config import parse_config
     from twinkle.server.model import backend as backend_module
@@ -150,7 +151,7 @@ def test_a_served_megatron_dp_x_tp_mesh_builds_one_world(monkeypatch):
     )
     config = parse_config(data)
     app = next(a for a in config.applications if a.import_path == "model")
-    assert replica_num_gpus(app) == 4.0
+    assert replica_num_gpus(app) == 0
     seen = {}
 
     def fake_backend(backend, model_id, **kwargs):
@@ -162,6 +163,7 @@ def test_a_served_megatron_dp_x_tp_mesh_builds_one_world(monkeypatch):
         deployment.build_service(app, None)
     assert (seen["dp_size"], seen["tp_size"], seen["pp_size"]) == (2, 2, 1)
     assert "worker_options" not in seen  # not Ray replicas
+    assert seen["ray_options"]["num_gpus"] == 1.0  # 4 GPUs over the 4 rank actors
     built = {}
 
     class FakeParallel:

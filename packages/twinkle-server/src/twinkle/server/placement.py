@@ -28,8 +28,9 @@ def dp_size(app_config: ApplicationConfig) -> int:
 
 
 def megatron_world(app_config: ApplicationConfig) -> bool:
-    """A megatron model with tp or pp > 1: the replica spawns all ``dp * pp * tp`` ranks itself
-    (``ParallelMegatronModel``, one GPU each), so it reserves the group's GPUs even at dp > 1."""
+    """A megatron model with tp, pp or ep > 1: one ``ParallelMegatronModel`` world of
+    ``dp * pp * tp`` (or ``ep``) ranks, Ray actors that reserve one GPU each
+    (:func:`megatron_rank_options`); the replica itself reserves none."""
     args, mesh = app_config.args, getattr(app_config.args, "device_mesh", None)
     return (
         getattr(args, "backend", None) == "megatron"
@@ -42,9 +43,28 @@ def replica_num_gpus(app_config: ApplicationConfig) -> float:
     """What the Serve replica reserves: every group GPU when it computes itself, else 0."""
     if app_config.import_path not in ("model", "sampler"):
         return 0
-    if dp_size(app_config) > 1 and not megatron_world(app_config):
+    if dp_size(app_config) > 1 or megatron_world(app_config):
         return 0
     return float(group_gpus(app_config))
+
+
+def megatron_rank_options(app_config: ApplicationConfig) -> dict[str, Any]:
+    """``ray_options`` of a megatron world's rank actors: ``group.ranks / world`` GPUs each on an
+    accelerator group (else none), the deployment's ``num_cpus`` and custom ``resources``, and
+    ``nproc_per_node`` ranks packed on each node (else one PACK placement group)."""
+    args, mesh = app_config.args, app_config.args.device_mesh
+    world = mesh.tp_size * mesh.pp_size * (mesh.ep_size if mesh.ep_size > 1 else mesh.dp_size)
+    options: dict[str, Any] = {"num_gpus": group_gpus(app_config) / world}
+    deployment = app_config.deployments[0] if len(app_config.deployments) == 1 else None
+    actor = deployment.ray_actor_options if deployment is not None else None
+    if actor is not None and actor.resources:
+        options["resources"] = dict(actor.resources)
+    if actor is not None and actor.num_cpus is not None:
+        options["num_cpus"] = actor.num_cpus
+    per_node = min(getattr(args, "nproc_per_node", 1), world)
+    if per_node > 1:
+        options["nproc_per_node"] = per_node
+    return options
 
 
 def worker_options(app_config: ApplicationConfig) -> dict[str, Any]:

@@ -18,7 +18,12 @@ from twinkle.server.model.operations import native_operations
 from twinkle.server.model.ratelimit import RateLimiter
 from twinkle.server.model.registry import StateRunRegistry
 from twinkle.server.model.service import ModelService
-from twinkle.server.placement import megatron_world, placement_of, worker_options
+from twinkle.server.placement import (
+    megatron_rank_options,
+    megatron_world,
+    placement_of,
+    worker_options,
+)
 from twinkle.server.telemetry import ModelTaskMetrics, serve_traced, setup_telemetry
 from twinkle.server.threads import build_on_model_thread, cpu_threads
 from twinkle.server.tinker.model_ops import tinker_operations
@@ -42,8 +47,13 @@ def build_service(app_config: ApplicationConfig, context) -> ModelService:
         if not one_world:  # Ray replicas (DataParallelModel)
             kwargs.update(device_type=mesh.device_type, worker_options=worker_options(app_config))
     if one_world:
-        # megatron's worker ranks, dp x pp x tp in one world (preflight checked the rest)
-        kwargs.update(tp_size=mesh.tp_size, pp_size=mesh.pp_size)
+        # megatron's worker ranks, dp x pp x tp in one world (preflight checked the rest): Ray
+        # actors inside Ray Serve, placed over the cluster; spawned processes under --local
+        kwargs.update(
+            tp_size=mesh.tp_size,
+            pp_size=mesh.pp_size,
+            ray_options=megatron_rank_options(app_config),
+        )
         if mesh.ep_size > 1:
             # dp_size == ep_size (preflight): the expert ranks are the world's dp ranks, each
             # fed the whole batch, so the world is ep_size ranks without a row split

@@ -1,12 +1,15 @@
 """``ParallelMegatronModel``: one multi-LoRA megatron model over ``tp_size * pp_size`` worker
-processes.
+ranks (times ``dp_size`` or ``ep_size``).
 
-Each worker is a spawned process that joins one gloo (CPU) or nccl (CUDA) process group, calls
-megatron-core's ``parallel_state.initialize_model_parallel(tp_size, pp_size)`` and builds a
-:class:`~twinkle.model.megatron.MultiLoraMegatronModel` holding its tensor-parallel shards of the
-HF weights (under pp > 1 a :class:`~twinkle.model.megatron._pp_model.PipelineMegatronModel` of
-its stage's layers). The driver sends every method call to all ranks in the same order
-(collectives and pipeline sends pair up across ranks) and answers the last stage's first rank
+Each rank (:mod:`~twinkle.model.megatron._ranks`) joins one gloo (CPU) or nccl (CUDA) process
+group, calls megatron-core's ``parallel_state.initialize_model_parallel(tp_size, pp_size)`` and
+builds a :class:`~twinkle.model.megatron.MultiLoraMegatronModel` holding its tensor-parallel
+shards of the HF weights (under pp > 1 a
+:class:`~twinkle.model.megatron._pp_model.PipelineMegatronModel` of its stage's layers). The ranks
+are spawned processes on this host (``launcher="process"``) or Ray actors placed over the cluster
+(``launcher="ray"``, :mod:`~twinkle.model.megatron._ray_ranks`); by default Ray when Ray is
+initialised here. The driver sends every method call to all ranks at once, in the same order
+(collectives and pipeline sends pair up across ranks), and answers the last stage's first rank
 (:func:`answer_rank`). Adapters are replicated over tp (see
 :mod:`~twinkle.model.megatron._tp_lora`), so at pp 1 ``save`` runs on that rank only; under pp
 every rank takes part and one writes: one standard PEFT checkpoint, written once.
@@ -14,24 +17,19 @@ every rank takes part and one writes: one standard PEFT checkpoint, written once
 
 from __future__ import annotations
 
-import os
-import socket
-import traceback
 from typing import Any
 
-import torch
-import torch.multiprocessing as mp
-
 from twinkle.model.megatron import _moe
+from twinkle.model.megatron._ranks import (
+    CALL_TIMEOUT_S,
+    DP_FORWARD_BACKWARD,
+    RANK0_ONLY,
+    ProcessRanks,
+    choose_launcher,
+)
 from twinkle.model.megatron.multi_lora import MultiLoraMegatronModel
 
-#: Methods that write files: run on the answering rank alone (every tp rank holds the same
-#: adapters). Under pp ``save`` runs on every rank: the stages gather their layers, one writes.
-RANK0_ONLY = frozenset({"save", "upload_to_hub"})
-#: The message that runs one dp replica's rows of a ``forward_backward_many``.
-DP_FORWARD_BACKWARD = "__dp_forward_backward_many"
-#: Seconds a worker may take to build its model or answer one call before the driver gives up.
-CALL_TIMEOUT_S = 600.0
+__all__ = ["CALL_TIMEOUT_S", "RANK0_ONLY", "ParallelMegatronModel", "answer_rank"]
 
 
 def answer_rank(tp_size: int, pp_size: int, dp_size: int = 1) -> int:
@@ -39,78 +37,6 @@ def answer_rank(tp_size: int, pp_size: int, dp_size: int = 1) -> int:
     losses), tensor rank 0, data-parallel rank 0. megatron's rank order is tp-cp-ep-dp-pp
     (pp outermost), so that is the first rank of the last stage."""
     return tp_size * dp_size * (pp_size - 1)
-
-
-def _worker(rank: int, world: int, port: int, kwargs: dict, inbox, outbox) -> None:
-    torch.set_num_threads(int(os.environ.get("TWINKLE_MEGATRON_THREADS", "1")))
-    try:
-        import torch.distributed as dist
-
-        cuda = torch.cuda.is_available() and kwargs.get("device") != "cpu"
-        if cuda:
-            torch.cuda.set_device(rank % torch.cuda.device_count())
-            kwargs = {**kwargs, "device": f"cuda:{torch.cuda.current_device()}"}
-        dist.init_process_group(
-            "nccl" if cuda else "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
-            world_size=world,
-            rank=rank,
-        )
-        _moe.init_expert_parallel(kwargs)  # ep_size > 1: the experts split over the ranks
-        pp, answer = kwargs.get("pp_size", 1), kwargs.pop("answer_rank", 0)
-        answers, dp = kwargs.pop("replica_answers", [answer]), kwargs.pop("dp_size", 1)
-        if pp > 1:
-            from twinkle.model.megatron._pp_model import PipelineMegatronModel
-
-            model = PipelineMegatronModel(**kwargs)
-        else:
-            model = MultiLoraMegatronModel(**kwargs)
-        sync = None
-        if dp > 1:
-            from megatron.core import parallel_state as ps
-
-            from twinkle.model.megatron._dp_world import replica_sync
-
-            sync = replica_sync(model, ps.get_data_parallel_rank(), dp)
-        outbox.put((rank, True, None))
-    except BaseException as exc:  # the driver re-raises it
-        outbox.put((rank, False, _portable(exc)))
-        return
-    while True:
-        message = inbox.get()
-        if message is None:
-            break
-        name, args, kw = message
-        try:
-            if name in RANK0_ONLY and rank != answer and not (pp > 1 and name == "save"):
-                result = None
-            elif name == DP_FORWARD_BACKWARD:  # this replica's rows, gradients synchronised
-                result = sync.forward_backward_many(*args, **kw)
-            else:
-                result = getattr(model, name)(*args, **kw)
-                if callable(result) or name == "routes":
-                    raise TypeError(f"{name} returns a context or callable; not remotable")
-            if sync is not None:
-                sync._wrap_losses()  # a new tenant's loss records its shard statistics
-            outbox.put((rank, True, result if rank in answers else None))
-        except BaseException as exc:
-            outbox.put((rank, False, _portable(exc)))
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def _portable(exc: BaseException) -> BaseException:
-    """``exc`` if it pickles, else a RuntimeError carrying its text and traceback."""
-    import pickle
-
-    try:
-        pickle.loads(pickle.dumps(exc))
-        return exc
-    except Exception:
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        return RuntimeError(f"{type(exc).__name__}: {exc}\n{text}")
 
 
 def _remotable() -> frozenset[str]:
@@ -134,12 +60,16 @@ class ParallelMegatronModel:
         pp_size: Pipeline-parallel size (stages of ``num_hidden_layers / pp_size`` layers; see
             :mod:`~twinkle.model.megatron._pp`).
         num_microbatches: Microbatches per pipeline pass (default ``pp_size``).
+        launcher: ``"process"`` (spawned processes on this host), ``"ray"`` (one Ray actor per
+            rank, placed over the cluster) or ``None``: Ray when Ray is initialised here.
+        ray_options: Placement of the Ray ranks (:class:`~._ray_ranks.RayRanks`): ``num_cpus``,
+            ``num_gpus``, ``resources``, ``nproc_per_node``.
         **kwargs: ``MultiLoraMegatronModel`` arguments (torch_dtype, device, seed, options);
             ``ep_size`` (an MoE model): its experts split over that many ranks.
 
     Raises:
         ValueError: ``tp_size`` does not divide the model's heads, groups, MLP width or vocab, or
-            ``pp_size`` its layers.
+            ``pp_size`` its layers; an unknown ``launcher``.
         RuntimeError: A worker failed to start (its error is the cause).
     """
 
@@ -153,6 +83,8 @@ class ParallelMegatronModel:
         pp_size: int = 1,
         num_microbatches: int | None = None,
         dp_size: int = 1,
+        launcher: str | None = None,
+        ray_options: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         from twinkle.hub import load_config, resolve_model_dir
@@ -170,6 +102,7 @@ class ParallelMegatronModel:
                 f"ep_size {ep_size} with dp_size {dp_size} is not built: the expert ranks are "
                 "megatron's data-parallel ranks, each fed the whole batch"
             )
+        self.launcher = choose_launcher(launcher)
         self.tp_size, self.pp_size, self.dp_size = tp_size, pp_size, dp_size
         # ep: megatron carves the expert groups out of its data-parallel ranks (tp 1 here), so
         # ep_size ranks per pipeline stage, each fed the whole batch.
@@ -182,55 +115,30 @@ class ParallelMegatronModel:
         self._pair_rows: set[str] = set()
         self.model_id, self.model_dir = model_id, resolve_model_dir(model_id)
         self.pager = None
-        ctx = mp.get_context("spawn")
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        self._outbox = ctx.Queue()
-        self._inboxes = [ctx.Queue() for _ in range(self.world)]
         kw = {"model_id": model_id, "tp_size": tp_size, **kwargs}
         if pp_size > 1:
             kw.update(pp_size=pp_size, num_microbatches=num_microbatches)
         kw.update(answer_rank=self.answer, replica_answers=self.replica_answers, dp_size=dp_size)
-        self._procs = [
-            ctx.Process(
-                target=_worker,
-                args=(rank, self.world, port, kw, self._inboxes[rank], self._outbox),
-                daemon=True,
+        if self.launcher == "ray":
+            import torch
+
+            from twinkle.model.megatron._ray_ranks import RayRanks
+
+            cuda = kwargs.get("device") != "cpu" and (
+                torch.cuda.is_available() or str(kwargs.get("device", "")).startswith("cuda")
             )
-            for rank in range(self.world)
-        ]
-        for proc in self._procs:
-            proc.start()
+            self._ranks = RayRanks(self.world, cuda=cuda, **(ray_options or {}))
+        else:
+            self._ranks = ProcessRanks(self.world)
         try:
-            self._collect("__init__")
+            self._check("__init__", self._ranks.start(kw))
         except BaseException:
             self.close()
             raise
 
-    def _collect(self, name: str, ranks: list[int] | None = None) -> Any:
-        """Every rank's answer to ``name``; raises at once when a rank has died (its peers would
-        wait on it in their next collective forever). The answering rank's error comes first (an
-        earlier pipeline stage's is only the consequence)."""
-        import queue
-        import time
-
-        results: dict[int, tuple[bool, Any]] = {}
-        deadline = time.monotonic() + CALL_TIMEOUT_S
-        while len(results) < self.world:
-            try:
-                rank, ok, value = self._outbox.get(timeout=1.0)
-            except queue.Empty:
-                dead = {r: p.exitcode for r, p in enumerate(self._procs) if not p.is_alive()}
-                if dead or time.monotonic() > deadline:
-                    self.close()
-                    raise RuntimeError(
-                        f"megatron ranks did not answer {name}: "
-                        + (f"ranks {dead} exited (rank: exit code)" if dead else "timed out")
-                        + "; the workers are closed, rebuild the model"
-                    ) from None
-                continue
-            results[rank] = (ok, value)
+    def _check(self, name: str, results: dict[int, tuple[bool, Any]], ranks=None) -> Any:
+        """The answer among every rank's ``(ok, value)``: the answering rank's error is raised
+        first (an earlier pipeline stage's is only the consequence), then any other rank's."""
         for rank in [self.answer, *sorted(results)]:
             ok, value = results[rank]
             if not ok:
@@ -238,6 +146,23 @@ class ParallelMegatronModel:
         if ranks is not None:
             return [results[rank][1] for rank in ranks]
         return results[self.answer][1]
+
+    def _run(self, name: str, messages: list[tuple], ranks: list[int] | None = None) -> Any:
+        """Send each rank its message at once; raises at once when a rank has died (its peers
+        would wait on it in their next collective forever)."""
+        if self.closed:
+            raise RuntimeError("the megatron workers are closed")
+        return self._check(name, self._ranks.run(name, messages), ranks)
+
+    @property
+    def closed(self) -> bool:
+        ranks = self.__dict__.get("_ranks")
+        return ranks is None or ranks.closed
+
+    def placements(self) -> list[dict[str, Any]]:
+        """Each Ray rank's pid, node, resources and ``CUDA_VISIBLE_DEVICES`` (``[]`` for processes:
+        they share the driver's host)."""
+        return self._ranks.placements() if self._ranks.kind == "ray" else []
 
     def forward_backward_many(self, requests: dict[str, dict[str, Any]]) -> dict[str, Any]:
         """As the model's; under dp each replica runs its rows (then one gradient all-reduce)."""
@@ -252,12 +177,12 @@ class ParallelMegatronModel:
             if "inputs" not in request:
                 raise InvalidArgumentError(f"request for adapter {name!r} has no 'inputs'")
         order, shards = _dp_world.split_requests(requests, self.dp_size, self._pair_rows)
-        if not self._procs:
-            raise RuntimeError("the megatron workers are closed")
-        for rank, inbox in enumerate(self._inboxes):
-            replica = (rank // self.tp_size) % self.dp_size  # megatron's order tp-cp-ep-dp-pp
-            inbox.put((DP_FORWARD_BACKWARD, (shards[replica], order), {}))
-        return _dp_world.join(order, self._collect(DP_FORWARD_BACKWARD, self.replica_answers))
+        messages = [
+            # megatron's order tp-cp-ep-dp-pp: rank r is in replica (r // tp) % dp
+            (DP_FORWARD_BACKWARD, (shards[(rank // self.tp_size) % self.dp_size], order), {})
+            for rank in range(self.world)
+        ]
+        return _dp_world.join(order, self._run(DP_FORWARD_BACKWARD, messages, self.replica_answers))
 
     def forward_backward(self, inputs: Any, adapter_name: str | None = None, **kwargs: Any):
         if self.dp_size == 1:
@@ -280,12 +205,8 @@ class ParallelMegatronModel:
         return self.call("set_loss", loss, adapter_name=adapter_name, **kwargs)
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        """Run ``model.<name>(*args, **kwargs)`` on every rank; rank 0's result."""
-        if not self._procs:
-            raise RuntimeError("the megatron workers are closed")
-        for inbox in self._inboxes:
-            inbox.put((name, args, kwargs))
-        return self._collect(name)
+        """Run ``model.<name>(*args, **kwargs)`` on every rank; the answering rank's result."""
+        return self._run(name, [(name, args, kwargs)] * self.world)
 
     def __getattr__(self, name: str) -> Any:
         if name not in _remotable():
@@ -293,17 +214,11 @@ class ParallelMegatronModel:
         return lambda *args, **kwargs: self.call(name, *args, **kwargs)
 
     def close(self) -> None:
-        """Stop the workers (each leaves its process group)."""
-        procs, self._procs = self.__dict__.get("_procs", []), []
-        for inbox, proc in zip(self._inboxes, procs):
-            if proc.is_alive():
-                inbox.put(None)
-        for proc in procs:
-            # A rank blocked in a collective with a dead peer never reads its inbox: kill it.
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+        """Stop the workers: each process leaves its process group; Ray actors are killed and
+        their placement group removed."""
+        ranks = self.__dict__.get("_ranks")
+        if ranks is not None:
+            ranks.close()
 
     def __enter__(self) -> ParallelMegatronModel:
         return self
