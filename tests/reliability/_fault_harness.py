@@ -190,7 +190,13 @@ class Tenant:
         self.hold_at = every + 1  # a checkpoint exists, and the step after it is interrupted
         self.killed_at: float | None = None
         self.in_flight = threading.Event()  # set when the interrupted step has been sent
+        self.in_flight_batch = BIG_BATCH
+        self.all_held: threading.Barrier | None = None  # see hold_together
         self.killed = threading.Event()
+
+    def hold(self) -> None:
+        if self.all_held is not None:
+            self.all_held.wait(timeout=300)
 
     def run(self) -> None:
         report = self.report
@@ -217,6 +223,8 @@ class Tenant:
             report.final_path = report.checkpoints[-1]
         except BaseException as exc:  # noqa: BLE001 - reported to the test thread
             report.failure = exc
+            if self.all_held is not None:
+                self.all_held.abort()  # the others must not wait for it at the barrier
         finally:
             report.done.set()
 
@@ -271,8 +279,9 @@ class NativeTenant(Tenant):
         self.model.clip_grad_and_step(adapter_name=self.adapter)
 
     def in_flight_step(self) -> None:
+        self.hold()
         self.in_flight.set()
-        self.train_step(*BIG_BATCH)
+        self.train_step(*self.in_flight_batch)
 
     def save(self, name: str) -> str:
         return self.model.save(name, save_optimizer=True, adapter_name=self.adapter)
@@ -351,7 +360,8 @@ class TinkerTenant(Tenant):
         opt.result(timeout=FUTURE_TIMEOUT_S)
 
     def in_flight_step(self) -> None:
-        self.train_step(*BIG_BATCH, signal=True)
+        self.hold()
+        self.train_step(*self.in_flight_batch, signal=True)
 
     def save(self, name: str) -> str:
         return self.training.save_state(name).result(timeout=120).path
@@ -381,6 +391,16 @@ class TinkerTenant(Tenant):
 
     def is_fault(self, exc: BaseException) -> bool:
         return self.killed_at is not None
+
+
+def hold_together(tenants: list[Tenant], rows_tokens: tuple[int, int] = BIG_BATCH) -> list:
+    """Every tenant sends its interrupted step (``rows_tokens`` long) at the same time (a
+    barrier): on an idle machine the first ones to arrive would otherwise have finished theirs
+    before the last one sent its own, and the kill would interrupt no step of theirs."""
+    barrier = threading.Barrier(len(tenants))
+    for tenant in tenants:
+        tenant.all_held, tenant.in_flight_batch = barrier, rows_tokens
+    return tenants
 
 
 def start_tenants(tenants: list[Tenant]) -> list[threading.Thread]:
@@ -417,6 +437,8 @@ def kill_mid_training(
         owners = {tenant_of(t.report.key) for t in tenants if t.kind == "tinker"}
         wait_until(lambda: owners <= pending_owners(store), 30, "in-flight futures pending")
     killed = time.monotonic()
+    for tenant in tenants:  # before the fault: a call it breaks may fail before it returns
+        tenant.killed_at = killed
     (fault or relaunch)(server, tenants, killed)
     server.restarted.set()
     return time.monotonic() - killed, before

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -43,6 +42,7 @@ from _fault_harness import (  # noqa: E402
     TinkerTenant,
     file_persistence,
     finish,
+    hold_together,
     kill_mid_training,
     management,
     mark_killed,
@@ -62,27 +62,12 @@ TENANTS = int(os.environ.get("TWINKLE_FAULT_TENANTS", "8"))  # half native, half
 IN_FLIGHT = (64, 256)  # rows, tokens of the step the kill interrupts (longer than BIG_BATCH)
 
 
-class Native(NativeTenant):
-    def in_flight_step(self) -> None:
-        self.all_held.wait(timeout=300)
-        self.in_flight.set()
-        self.train_step(*IN_FLIGHT)
-
-
-class Tinker(TinkerTenant):
-    def in_flight_step(self) -> None:
-        self.all_held.wait(timeout=300)
-        self.train_step(*IN_FLIGHT, signal=True)
-
-
 def tenants_of(server):
-    """Every tenant sends its interrupted step at the same time (a barrier): on an idle machine
-    the first ones to arrive would otherwise have finished theirs before the kill."""
-    tenants = [(Native, Tinker)[i % 2](server, i, TARGET, EVERY) for i in range(TENANTS)]
-    barrier = threading.Barrier(len(tenants))
-    for tenant in tenants:
-        tenant.all_held = barrier
-    return tenants
+    """Half ``twinkle_client``, half Tinker, their interrupted steps sent together."""
+    tenants = [
+        (NativeTenant, TinkerTenant)[i % 2](server, i, TARGET, EVERY) for i in range(TENANTS)
+    ]
+    return hold_together(tenants, IN_FLIGHT)
 
 
 def persistence_for(mode, tmp_path, request):

@@ -26,6 +26,7 @@ from _fault_harness import (  # noqa: E402
     file_persistence,
     finish,
     free_port,
+    hold_together,
     kill_mid_training,
     mark_killed,
     redis_persistence,
@@ -40,10 +41,11 @@ TARGET, EVERY, TENANTS = 6, 2, 8
 
 
 def eight_tenants(server):
-    return [
-        (NativeTenant if i % 2 == 0 else TinkerTenant)(server, i, TARGET, EVERY)
-        for i in range(TENANTS)
-    ]
+    """Four ``twinkle_client``, four Tinker SDK tenants, their interrupted steps sent together
+    (so that each is in flight, every Tinker one a pending future, when the fault comes)."""
+    return hold_together(
+        [(NativeTenant, TinkerTenant)[i % 2](server, i, TARGET, EVERY) for i in range(TENANTS)]
+    )
 
 
 def report(label, server, tenants, down_s):
@@ -113,12 +115,13 @@ class DurableRedis:
             self.kill()
 
 
-def test_tenants_survive_a_sigkill_of_redis(tmp_path):
+def test_eight_tenants_survive_a_sigkill_of_redis(tmp_path):
     redis_dir = tmp_path / "redis"
     redis_dir.mkdir()
     store = DurableRedis(redis_dir)
     store.start()
-    server = _ServerProcess(tmp_path, redis_persistence(store.url, "faults-redis:"), max_loras=4)
+    persistence = redis_persistence(store.url, "faults-redis:")
+    server = _ServerProcess(tmp_path, persistence, max_loras=TENANTS + 2)
     server.start()
 
     def kill_redis(server, tenants, killed):
@@ -131,14 +134,14 @@ def test_tenants_survive_a_sigkill_of_redis(tmp_path):
         store.start()
 
     try:
-        tenants = [(NativeTenant, TinkerTenant)[i % 2](server, i, TARGET, EVERY) for i in range(4)]
+        tenants = eight_tenants(server)
         threads = start_tenants(tenants)
         down_s, before = kill_mid_training(server, tenants, server.store(), fault=kill_redis)
-        finish(tenants, threads, timeout_s=600)
+        finish(tenants, threads, timeout_s=900)
         # The server process lived: adapters survived (each tenant still resumed from its
         # checkpoint, not knowing whether its interrupted step had run).
         check_recovered(server, tenants, before, lost=False)
-        report("Redis SIGKILL (AOF fsync always)", server, tenants, down_s)
+        report("Redis SIGKILL (AOF fsync always), 8 tenants", server, tenants, down_s)
     finally:
         server.stop()
         store.stop()
