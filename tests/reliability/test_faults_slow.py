@@ -141,6 +141,9 @@ def test_eight_tenants_survive_a_sigkill_of_redis(tmp_path):
         # The server process lived: adapters survived (each tenant still resumed from its
         # checkpoint, not knowing whether its interrupted step had run).
         check_recovered(server, tenants, before, lost=False)
+        # Every error names the store; none says the (living) server process stopped.
+        errors = [e for t in tenants for e in t.report.fault_errors]
+        assert errors and all("state store" in e and "stopped" not in e for e in errors), errors
         report("Redis SIGKILL (AOF fsync always), 8 tenants", server, tenants, down_s)
     finally:
         server.stop()

@@ -146,6 +146,64 @@ def test_a_resubmission_of_a_future_orphaned_by_its_dead_process_runs_again():
     assert TinkerFutures(state).find("alice", [("idem", "k3")]) == failed.request_id
 
 
+class _StoreThatDies(MemoryStore):
+    """A store whose writes fail while ``down`` (Redis SIGKILLed, then back from its AOF)."""
+
+    down = False
+
+    def _check(self) -> None:
+        if self.down:
+            raise StoreUnavailableError(
+                "the state store (Redis at h:1) is unreachable", retry_after=1
+            )
+
+    def put(self, key, value):
+        self._check()
+        return super().put(key, value)
+
+    def update(self, key, fn):
+        self._check()
+        return super().update(key, fn)
+
+
+def test_a_call_that_ended_while_the_store_was_down_is_failed_saying_so_not_as_a_dead_process(
+    monkeypatch,
+):
+    """The Redis SIGKILL fault test: calls that finished during the outage could not write their
+    result, and, once Redis was back, were failed as "the server process ... stopped (restarted
+    or killed)", though it never stopped. Now: failed as soon as the store takes the write,
+    saying the outcome was not recorded and the call may have run, and not run again when
+    resubmitted (it may have stepped the optimizer already)."""
+    import twinkle.server.tinker.futures as futures_module
+
+    monkeypatch.setattr(futures_module, "STORE_RETRY_S", 0.02, raising=False)
+    store = _StoreThatDies("store-dies:")
+    state = ServerState(store)
+    ran: list[int] = []
+
+    async def scenario():
+        futures = TinkerFutures(state)
+
+        async def runner():
+            ran.append(1)
+            store.down = True  # Redis dies while the call runs
+            return {"step": 1}
+
+        rid = futures.submit("alice", "optim_step", runner, model_id="m", dedupe=[("idem", "k")])
+        await asyncio.sleep(0.2)
+        pending = state.get_future("alice", rid).status  # reads work: only writes fail here
+        store.down = False  # back
+        record = await futures.wait("alice", rid, 5)
+        return futures, rid, pending, record
+
+    futures, rid, pending, record = asyncio.run(scenario())
+    assert pending == "pending" and record.status == "error" and record.error.category == "server"
+    assert "outcome could not be recorded (the state store" in record.error.message
+    assert "may have run" in record.error.message and record.error.message != ORPHANED
+    assert "stopped" not in record.error.message
+    assert futures.find("alice", [("idem", "k")]) == rid and ran == [1]  # not run again
+
+
 def test_old_futures_and_their_dedupe_records_are_purged_after_the_ttl():
     now = [1_000_000.0]
     state = ServerState(MemoryStore("purge:"), clock=lambda: now[0])

@@ -32,6 +32,10 @@ ORPHANED = (
     "the server process running this request stopped (restarted or killed) before it finished; "
     "it did not complete here: resubmit it"
 )
+UNRECORDED = (
+    "this request's outcome could not be recorded ({why}): it may have run, so resubmitting it "
+    "could run it twice; reload the model from its newest checkpoint instead"
+)
 
 
 def _process_start(pid: int) -> str | None:
@@ -142,10 +146,12 @@ class FuturesMixin(StateBase):
             return _process_start(int(lease["pid"])) == lease["start"]
         return self.clock() - float(lease.get("renewed_at", 0.0)) <= ttl_s
 
-    def fail_orphaned_future(self, owner: str, request_id: str) -> FutureRecord:
-        """Fail a pending future whose instance is gone (a finished one is returned as is)."""
+    def fail_orphaned_future(
+        self, owner: str, request_id: str, message: str = ORPHANED
+    ) -> FutureRecord:
+        """Fail a pending future whose task is gone (a finished one is returned as is)."""
         try:
-            return self.fail_future(owner, request_id, ORPHANED, category="server")
+            return self.fail_future(owner, request_id, message, category="server")
         except ConflictError:  # it finished after all (a late write of its instance)
             return self.get_future(owner, request_id)
 

@@ -27,13 +27,20 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from twinkle.server.errors import AtCapacity, RateLimited, ServiceError, from_exception
+from twinkle.server.errors import (
+    AtCapacity,
+    RateLimited,
+    ServiceError,
+    Unavailable,
+    from_exception,
+)
 from twinkle.server.state._base import new_id
-from twinkle.server.state._futures import LEASE_TTL_S
+from twinkle.server.state._futures import LEASE_TTL_S, UNRECORDED
 
 logger = logging.getLogger("twinkle.server.gateway.tinker")
 
 PROTOBUF = "application/x-protobuf"
+STORE_RETRY_S = 1.0  # how often a future's outcome is written again while the store is down
 
 
 @dataclass
@@ -124,6 +131,8 @@ class TinkerFutures:
         self._done: dict[str, asyncio.Event] = {}
         self._tasks: set[asyncio.Task] = set()
         self._seen: OrderedDict[tuple, str] = OrderedDict()
+        # Calls that ran but whose outcome the state store (down) did not take: rid -> why.
+        self._unrecorded: OrderedDict[str, str] = OrderedDict()
         self.instance = new_id("gw")
         self.started_at = time.time()
         self._lease: asyncio.Task | None = None
@@ -199,6 +208,8 @@ class TinkerFutures:
             if previous is not None:
                 await asyncio.shield(previous)
             await self._execute(owner, rid, runner)
+        except Unavailable as exc:  # the store was down when the call ended
+            await self._fail_when_store_back(owner, rid, exc.message)
         finally:
             if mine is not None and not mine.done():
                 mine.set_result(None)
@@ -234,6 +245,23 @@ class TinkerFutures:
                 self.state.complete_future(owner, rid, result=result)
             return
 
+    async def _fail_when_store_back(self, owner: str, rid: str, why: str) -> None:
+        """Its outcome was not recorded: fail the future (it may have run) as soon as the store
+        takes the write, so that a poll on any replica sees it, never "its process stopped"."""
+        logger.warning("future %s: its outcome was not recorded: %s", rid, why)
+        self._unrecorded[rid] = why  # for settle(), if the store stays down past the deadline
+        while len(self._unrecorded) > 20_000:
+            self._unrecorded.popitem(last=False)
+        deadline = time.monotonic() + self.max_retry_s
+        while time.monotonic() < deadline:
+            await asyncio.sleep(STORE_RETRY_S)
+            try:
+                self.state.fail_orphaned_future(owner, rid, UNRECORDED.format(why=why))
+            except Unavailable:
+                continue
+            self._unrecorded.pop(rid, None)
+            return
+
     def _keep_lease(self) -> None:
         """Renew this process's lease now, and every third of its TTL while tasks run."""
         if self._lease is not None and not self._lease.done():
@@ -252,6 +280,10 @@ class TinkerFutures:
         if record.status != "pending" or record.request_id in self._done:
             return record
         if record.instance == self.instance:  # ours, but its task is gone: never finishes
+            why = self._unrecorded.pop(record.request_id, None)
+            if why is not None:  # this process lived: never say it stopped
+                message = UNRECORDED.format(why=why)
+                return self.state.fail_orphaned_future(owner, record.request_id, message)
             return self.state.fail_orphaned_future(owner, record.request_id)
         if record.instance is None:  # written before instances had leases
             if record.created_at >= self.started_at:
