@@ -195,4 +195,5 @@ def test_the_seed_megatron_4b_config_dp2_tp2(megatron_env, tmp_path):
         assert "dp x tp is not built" in checked.stderr, checked.stderr
         pytest.skip("server_config_4b.yaml refused by check-config: megatron dp x tp not built")
     result = _launch_and_train(CONFIG_4B, env, root, 6, TORCH_SAMPLER_4B, tmp_path)
-    _assert_seed_flow_trained(result, held_gpus=4 + 2)  # model dp 2 x tp 2, sampler 2
+    # model dp 2 x tp 2 (four rank actors of one GPU each, the replica none), sampler 2
+    _assert_seed_flow_trained(result, held_gpus=4 + 2)
