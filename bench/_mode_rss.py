@@ -49,8 +49,10 @@ def measure(
     threads: int | None = None,
     keep_freed_memory: bool = False,
     timeout_s: float = 1800.0,
+    max_pass_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """Run each of ``modes`` for ``point`` in a fresh process, one after the other.
+    """Run each of ``modes`` for ``point`` in a fresh process, one after the other
+    (``max_pass_tokens``: the Twinkle model's pass budget, ``None`` its default).
 
     Returns:
         ``{'peak_rss_mb': {mode: MiB}, 'import_rss_mb': MiB}`` and, on CUDA,
@@ -70,6 +72,7 @@ def measure(
             "steps": steps,
             "threads": threads,
             "keep_freed_memory": keep_freed_memory,
+            "max_pass_tokens": max_pass_tokens,
         }
         done = subprocess.run(
             [sys.executable, str(HERE / "_mode_rss.py"), json.dumps(request)],
@@ -113,7 +116,12 @@ def child(request: dict[str, Any]) -> dict[str, Any]:
     point = mtt.Point(
         request["model"], tuple(request["ranks"]), request["batch"], request.get("seq", mtt.SEQ)
     )
-    _, step = mtt.mode_step(point, request["mode"])
+    options = None
+    if request.get("max_pass_tokens") is not None:
+        from twinkle.model.options import ExecutionOptions
+
+        options = ExecutionOptions.from_env(max_pass_tokens=request["max_pass_tokens"])
+    _, step = mtt.mode_step(point, request["mode"], options)
     for _ in range(request.get("steps", 2)):
         step()
     cuda = torch.cuda.is_available()

@@ -254,15 +254,18 @@ def concatenate(batches: dict[str, dict]) -> dict:
     return {k: torch.cat([b[k] for b in batches.values()]) for k in first}
 
 
-def mode_step(point: Point, mode: str) -> tuple[Any, Callable[[], None]]:
+def mode_step(
+    point: Point, mode: str, options: ExecutionOptions | None = None
+) -> tuple[Any, Callable[[], None]]:
     """A fresh setup holding only what ``mode`` needs (what its own process would hold): the
-    Twinkle model or the PEFT peer, and one step of the mode (bench/_mode_rss.py's run)."""
+    Twinkle model (built with ``options``) or the PEFT peer, and one step of the mode
+    (bench/_mode_rss.py's run)."""
     batches = point_batches(point)
     names = tenant_names(point.tenants)
     if mode == "peft":
         peer = build_peer(resolve_model_dir(point.model), names, point.ranks)
         return peer, lambda: step_peft(peer, batches)
-    model = MultiLoraTransformersModel(point.model)
+    model = MultiLoraTransformersModel(point.model, options=options)
     if mode == "limit":
         add_tenant(model, LIMIT, limit_rank(point))
         concatenated = concatenate(batches)
@@ -279,13 +282,15 @@ def run_point(
     steps: int | None,
     budget_seconds: float = 10.0,
     rss: dict[str, Any] | None = None,
+    options: ExecutionOptions | None = None,
 ) -> dict[str, Any]:
     """Measure one point; ``steps=None`` picks 15-60 timed rounds to fill ``budget_seconds``.
 
     ``rss``: the keyword arguments of ``_mode_rss.measure`` (each mode's peak memory in a fresh
-    process); ``None`` leaves the memory columns out.
+    process); ``None`` leaves the memory columns out. ``options``: the Twinkle model's
+    execution options (``--max-pass-tokens``); ``None``: the defaults.
     """
-    model, batches, concatenated = setup_point(point)
+    model, batches, concatenated = setup_point(point, options)
     peer = build_peer(model.model_dir, list(batches), point.ranks, seed=model.seed)
     modes = {
         "fused": lambda: step_fused(model, batches),
@@ -317,6 +322,7 @@ def run_point(
     tps = {m: tokens / statistics.median(t) for m, t in times.items()}
     measured, theory = measure_tenant_bytes(point.model, point.ranks)
     memory = {} if rss is None else _mode_rss.measure(point, MODES, **rss)
+    budget = None if options is None else options.max_pass_tokens
     return {
         "model": point.model,
         "tenants": point.tenants,
@@ -338,6 +344,7 @@ def run_point(
         "adapter_state_bytes": round(theory),
         "bytes_ratio": round(measured / theory, 4),
         "threads": torch.get_num_threads(),
+        **({} if budget is None else {"max_pass_tokens": budget}),
         "steps": steps,
         "warmup": warmup,
         # [before, after] the timed rounds: see small_gemm_us
@@ -535,6 +542,13 @@ def main(argv: list[str] | None = None) -> int:
         help="steps each memory-measuring process runs (its peak is over all of them)",
     )
     parser.add_argument(
+        "--max-pass-tokens",
+        type=int,
+        default=None,
+        help="the Twinkle model's ExecutionOptions.max_pass_tokens (default: the device's;"
+        " 0: every tenant in one pass); recorded in each line",
+    )
+    parser.add_argument(
         "--keep-freed-memory",
         action="store_true",
         help="call twinkle.model.memory.keep_freed_memory() first (what the server's replicas do)",
@@ -561,11 +575,15 @@ def main(argv: list[str] | None = None) -> int:
     lines = [json.dumps({"meta": {**machine(), "keep_freed_memory": kept}})]
     print(lines[0], flush=True)
     warmup, steps, budget = schedule(args.quick, args.warmup, args.steps, args.point_seconds)
+    options = None
+    if args.max_pass_tokens is not None:
+        options = ExecutionOptions.from_env(max_pass_tokens=args.max_pass_tokens)
     rss = None
     if not args.no_rss:
         rss = {"steps": args.rss_steps, "threads": args.threads, "keep_freed_memory": kept}
+        rss["max_pass_tokens"] = args.max_pass_tokens
     for point in selected:
-        lines.append(json.dumps(run_point(point, warmup, steps, budget, rss)))
+        lines.append(json.dumps(run_point(point, warmup, steps, budget, rss, options)))
         print(lines[-1], flush=True)
     if args.json_out:
         with open(args.json_out, "w") as f:
