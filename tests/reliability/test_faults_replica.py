@@ -186,8 +186,9 @@ def test_sigkill_of_the_model_replica_mid_step(tmp_path, mode, request):
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_sigkill_of_a_data_parallel_worker_mid_step(tmp_path):
-    server = ServeProcess(tmp_path, file_persistence(tmp_path), TENANTS, dp_size=2)
+@pytest.mark.parametrize("mode", ["file", "redis"])
+def test_sigkill_of_a_data_parallel_worker_mid_step(tmp_path, mode, request):
+    server = ServeProcess(tmp_path, persistence_for(mode, tmp_path, request), TENANTS, dp_size=2)
     started = time.monotonic()
 
     try:
@@ -204,7 +205,7 @@ def test_sigkill_of_a_data_parallel_worker_mid_step(tmp_path):
         assert len(server.pids("dp_worker")) == 2
         texts = ("of the model died (its workers were restarted)",)  # "worker rank <r> ..."
         check(server, tenants, before, {"native", "tinker"}, texts, texts[0])
-        label = "data-parallel worker SIGKILL mid-step (file)"
+        label = f"data-parallel worker SIGKILL mid-step ({mode})"
         say(
             label,
             server,
