@@ -8,7 +8,8 @@ import base64
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from twinkle.server.errors import BadRequest
+from twinkle.server.errors import BadRequest, Gone
+from twinkle.server.state._futures import ORPHANED
 from twinkle.server.tinker import convert, sample_fields, stability, wire
 from twinkle.server.tinker import images as tinker_images
 from twinkle.server.tinker.admin import count_sample_usage
@@ -124,6 +125,11 @@ def future_routes(router: APIRouter, api: TinkerApi) -> None:
         if record.status == "pending":
             return {"type": "try_again", "request_id": rid, "queue_state": record.queue_state}
         if record.status == "error":
+            if record.kind == "sample" and record.error.message == ORPHANED:
+                # A sample changes no state, so running it again is safe: the SDK's sampling
+                # client answers a 410 on its future by resubmitting the request itself
+                # (tinker.lib.api_future_impl: RetryableException, retried by RetryHandler).
+                raise Gone(f"sample {rid}: {ORPHANED}")
             return JSONResponse({"error": record.error.message, "category": record.error.category})
         if record.content_type == PROTOBUF:
             return Response(base64.b64decode(record.result_b64 or ""), media_type=PROTOBUF)
