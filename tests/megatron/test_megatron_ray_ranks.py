@@ -43,6 +43,20 @@ def test_one_rank_body_for_both_launchers():
     assert not ok and "not remotable" in str(error)
 
 
+def test_closing_ranks_whose_start_failed_part_way():
+    """Regression: a start that failed after its first process (the second never started) made
+    close() raise ``AssertionError: can only join a started process`` over the real error."""
+    import multiprocessing as mp
+
+    fork = mp.get_context("fork")
+    started, never = fork.Process(target=int), fork.Process(target=int)
+    started.start()
+    ranks = _ranks.ProcessRanks(2)
+    ranks.procs, ranks._inboxes = [started, never], [fork.Queue(), fork.Queue()]
+    ranks.close()
+    assert ranks.closed and started.exitcode == 0 and never.pid is None
+
+
 def test_the_launcher_is_ray_exactly_when_ray_is_initialised():
     import ray
 

@@ -220,11 +220,13 @@ class ProcessRanks:
         return results
 
     def close(self) -> None:
-        procs, self.procs = self.procs, []
-        for inbox, proc in zip(getattr(self, "_inboxes", []), procs):
+        # Only started processes: a start that failed part-way leaves some never started.
+        started = [(r, p) for r, p in enumerate(self.procs) if p.pid is not None]
+        self.procs = []
+        for rank, proc in started:
             if proc.is_alive():
-                inbox.put(None)
-        for proc in procs:
+                self._inboxes[rank].put(None)
+        for _, proc in started:
             # A rank blocked in a collective with a dead peer never reads its inbox: kill it.
             proc.join(timeout=10)
             if proc.is_alive():
