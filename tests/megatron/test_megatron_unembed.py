@@ -120,12 +120,17 @@ def test_an_adapter_on_the_head_alone(model, hf_backend, selector):
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
 
 
-def test_lm_head_is_refused_under_pipeline_parallel(model, monkeypatch):
+@pytest.mark.parametrize("selector", [["lm_head"], "lm_head", ".*head"])
+def test_the_head_alone_is_refused_under_pipeline_parallel(model, monkeypatch, selector):
+    """Under pp the head is the last stage's: an adapter of the head alone would leave every
+    earlier stage a tenant without parameters. With layers (Tinker's default) it is accepted."""
     monkeypatch.setattr(model, "pp_size", 2)
-    with pytest.raises(InvalidArgumentError, match="target_modules.*pp_size > 1"):
-        model.add_adapter_to_model("p", lora_config({"rank": 4}))
+    with pytest.raises(InvalidArgumentError, match="target_modules.*only 'lm_head'.*pp_size > 1"):
+        model.add_adapter_to_model("p", {"r": 2, "target_modules": selector})
     assert "p" not in model.tenants
-    model.add_adapter_to_model("q", lora_config({"rank": 4, "train_unembed": False}))
+    model.add_adapter_to_model("q", lora_config({"rank": 4}))  # train_unembed=True
+    assert HEAD_KEYS <= set(model.adapter_state_dict(adapter_name="q"))
+    model.add_adapter_to_model("r", {"r": 2, "target_modules": r".*(q_proj|lm_head)"})
 
 
 @pytest.mark.slow
@@ -135,3 +140,33 @@ def test_tp2_lm_head_lora_equals_the_transformers_backend(reference, tmp_path):
     with ParallelMegatronModel("tiny://qwen3", tp_size=2) as tp2:
         got = train(tp2, tmp_path)
     assert_equivalent(got, reference)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("tp", "pp", "microbatches"), [(1, 2, None), (2, 2, 3)], ids=["pp2", "tp2xpp2"]
+)
+def test_pp_lm_head_lora_equals_the_transformers_backend(reference, tmp_path, tp, pp, microbatches):
+    """The head's adapter on the last stage (its untied copy of the embedding frozen), the layers'
+    on their stages: losses, post-step adapters and the one saved file equal the transformers
+    backend's (tied head); resuming the head tenant's checkpoint gives its next loss back."""
+    from twinkle.model.megatron.parallel import ParallelMegatronModel
+
+    with ParallelMegatronModel(
+        "tiny://qwen3", tp_size=tp, pp_size=pp, num_microbatches=microbatches, launcher="process"
+    ) as m:
+        got = train(m, tmp_path)
+        assert_equivalent(got, reference)
+        # Optimizer state across the stages, the head's included, resumes exactly.
+        path = m.save(
+            "opt", output_dir=str(tmp_path / "opt"), adapter_name="a", save_optimizer=True
+        )
+        batch = {"a": {"inputs": make_batch(3, 12, 1)}}
+        m.clip_grad_and_step_many(["a"], max_grad_norm=0.5)
+        after = m.forward_backward_many(batch)["a"]["loss"]
+        m.zero_grad(adapter_name="a")
+        m.remove_adapter("a")
+        m.add_adapter_to_model("a", tenants()["a"][0])
+        m.resume_from_checkpoint(path, adapter_name="a")
+        m.clip_grad_and_step_many(["a"], max_grad_norm=0.5)
+        assert m.forward_backward_many(batch)["a"]["loss"] == pytest.approx(after, rel=1e-5)

@@ -13,7 +13,8 @@ The LM head (HF ``lm_head``; Tinker's ``train_unembed``) is one more column-para
 :class:`_LoraOutputLayer` adds each tenant's ``(x A^T) B^T`` to megatron's ``output_layer``
 logits (its vocab shard at tp > 1, before the logits gather). With tied embeddings megatron passes
 the embedding weight into ``output_layer``; the adapter still adapts only the output, as PEFT's
-does on a tied HF ``lm_head``. Not under pipeline parallel (see ``multi_lora``).
+does on a tied HF ``lm_head``. Under pipeline parallel it sits on the last stage (whose output
+layer is untied: the first stage's embedding stays frozen as it is).
 """
 
 from __future__ import annotations
@@ -203,8 +204,7 @@ class MegatronCausalLM(nn.Module):
         like = next(gpt.parameters())  # a pipeline stage past the first has no embedding
         self.model = _HFView(hf_config, router, like, layers)
         output_layer = getattr(gpt, "output_layer", None)
-        whole = layers is None or len(layers) == hf_config.num_hidden_layers
-        if output_layer is not None and whole:  # pp 1: the HF ``lm_head`` after the layers
+        if output_layer is not None:  # pp 1, or the last stage: the HF ``lm_head``
             h, vocab = hf_config.hidden_size, hf_config.vocab_size
             self.lm_head = MultiLoraLinear(_ShapeOnlyLinear(h, vocab, like), router)
             gpt.output_layer = _LoraOutputLayer(output_layer, self.lm_head, tp_size)

@@ -149,9 +149,6 @@ class PipelineCausalLM(MegatronCausalLM):
         like = next(self.gpt.parameters())
         return _ShapeOnlyLinear(self.config.hidden_size, self.config.vocab_size, like)
 
-    def get_output_embeddings(self) -> torch.nn.Module | None:
-        return None  # never adapted here; the last stage's output layer is megatron's
-
     def isend(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
         self._pending.append((dist.isend(tensor, dst, tag=tag), tensor))
 

@@ -13,6 +13,9 @@ the stages is gathered over megatron's pipeline group:
   merged in the one-process parameter order (stages hold consecutive layers), so a pp
   checkpoint resumes on any layout;
 * ``load`` / ``resume_from_checkpoint``: every stage reads the file and keeps its layers' part.
+
+The LM head's adapter (``lm_head``) lives on the last stage, after its layers' adapters: the
+one-process parameter order (the HF view's layers, then the head) holds across the stages too.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from twinkle.model.megatron.multi_lora import MultiLoraMegatronModel
 from twinkle.model.transformers import _checkpoints
 
 _LAYER = re.compile(re.escape(PEFT_PREFIX) + r"model\.layers\.(\d+)\.")
+_HEAD = PEFT_PREFIX + "lm_head."  # the LM head's adapter: on the last stage
 
 
 def _pp_group():
@@ -188,7 +192,12 @@ class PipelineMegatronModel(MultiLoraMegatronModel):
         """Keep this stage's layers of a whole adapter state (keys of other layers are checked
         to exist in the model)."""
         mine = {}
+        head = getattr(self.model, "lm_head", None) is not None  # the last stage's
         for key, value in state.items():
+            if key.startswith(_HEAD):
+                if head:
+                    mine[key] = value
+                continue
             match = _LAYER.match(key)
             layer = int(match.group(1)) if match else -1
             if not 0 <= layer < self.config_layers:

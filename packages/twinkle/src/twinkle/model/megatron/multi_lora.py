@@ -28,11 +28,36 @@ def _selects_output_layer(selector: Any) -> bool:
     return OUTPUT_LAYER in selector
 
 
+#: The HF view's adapted projections (see :mod:`~twinkle.model.megatron._model`).
+_PROJECTIONS = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
+
+
+def _selects_head_only(selector: Any, hf_config: Any) -> bool:
+    """``selector`` picks ``lm_head`` and none of the layers' projections (decided the same on
+    every pipeline stage, from the config alone)."""
+    from twinkle.model.lora.inject import _selects
+
+    if selector == "all-linear" or not _selects_output_layer(selector):
+        return False
+    names = (
+        f"model.layers.{i}.{p}" for i in range(hf_config.num_hidden_layers) for p in _PROJECTIONS
+    )
+    return not any(_selects(selector, name) for name in names)
+
+
 class MultiLoraMegatronModel(MultiLoraTransformersModel):
     """Many tenants' LoRA adapters on one frozen megatron-core ``GPTModel`` (tensor parallel 1).
 
     Same public API and semantics as :class:`~twinkle.model.MultiLoraTransformersModel` (LoRA on
-    ``lm_head`` included, at pp 1); it only builds a different base model (HF weights converted
+    ``lm_head`` included; under pp only with some layers too); it only builds a different base model (HF weights converted
     to megatron's layout) and accepts only Adam-family optimizers. Adapters carry HF module names, so saved checkpoints are standard PEFT
     adapters of the HF model. Supports Qwen3 dense models; Qwen3.5 (linear attention) is refused.
 
@@ -116,22 +141,23 @@ class MultiLoraMegatronModel(MultiLoraTransformersModel):
         **kwargs: Any,
     ) -> None:
         """As the transformers backend; the LM head (``lm_head``, megatron's ``output_layer``)
-        is adapted when ``target_modules`` names it, except under pipeline parallel.
+        is adapted when ``target_modules`` names it (under pipeline parallel on the last stage).
 
         Raises:
-            InvalidArgumentError: ``target_modules`` selects ``lm_head`` with ``pp_size > 1``, or
-                any LoraConfig field the transformers backend refuses.
+            InvalidArgumentError: ``target_modules`` selects only ``lm_head`` with
+                ``pp_size > 1``, or any LoraConfig field the transformers backend refuses.
         """
         spec = adapter_spec_from_config(adapter_name, config)
         selector = spec.target_modules
-        if self.pp_size > 1 and selector != "all-linear" and _selects_output_layer(selector):
-            # The head lives on the last stage only; its adapter would need the stages' save,
-            # load and clipping to carry a part only one stage has. Not done.
+        if self.pp_size > 1 and _selects_head_only(selector, self.model.config):
+            # The head lives on the last stage: every earlier stage would hold no part of this
+            # adapter (a tenant without parameters there). Heads with layers work (Tinker's
+            # train_unembed): the layers' parts on their stages, the head's on the last.
             raise InvalidArgumentError(
                 f"adapter {adapter_name!r}: LoraConfig field target_modules={selector!r} is "
-                f"refused: it selects {OUTPUT_LAYER!r}, which backend 'megatron' does not adapt "
-                "under pipeline parallel (pp_size > 1); drop it, e.g. Tinker's "
-                "train_unembed=False"
+                f"refused: it selects only {OUTPUT_LAYER!r}, which backend 'megatron' holds on "
+                "the last pipeline stage alone (pp_size > 1); add layers to it, e.g. "
+                "'q_proj', or use pp_size 1"
             )
         _moe.check_adapter_targets(self.model.config, adapter_name, selector)
         super().add_adapter_to_model(adapter_name, config, gradient_accumulation_steps, **kwargs)
