@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every fault scenario of issue 28 point 3, with their timings printed ("[fault] ..." lines):
 # the default-run part (the whole server SIGKILLed, 2 tenants, file persistence; orphaned
-# futures, lost adapters, a full disk mid-checkpoint) and the slow part (eight tenants of both
+# futures, lost adapters, a full disk mid-checkpoint, a dead dp worker or replica in-process) and the slow part (eight tenants of both
 # clients through a SIGKILL of the whole server and of Redis; under `twinkle-server launch` on
 # Ray Serve, one replica SIGKILLed: the gateway, the model mid-step, a data-parallel worker,
 # each with file and Redis persistence; TWINKLE_FAULT_TENANTS sets their tenant count, default
@@ -18,9 +18,9 @@ started=$(date +%s)
 status=0
 part() {
     echo "== $* ($(date -u +%H:%M:%S), load $(cut -d' ' -f1-3 /proc/loadavg))"
-    python -m pytest -q -s -p no:warnings "$@" | grep -v '^WARNING' || status=1
+    python -u -m pytest -q -s -p no:warnings "$@" | grep --line-buffered -v '^WARNING' || status=1
 }
-part tests/reliability/test_faults.py "$@"
+part tests/reliability/test_faults.py tests/reliability/test_faults_replica.py "$@"
 part -m slow tests/reliability/test_faults_slow.py "$@"
 part -m slow tests/reliability/test_faults_replica.py "$@"
 echo "== fault suite: $([ $status = 0 ] && echo passed || echo FAILED) in $(($(date +%s) - started)) s" \

@@ -498,6 +498,28 @@ def management(server: ServerProcess, key: str) -> dict[str, Any]:
     }
 
 
+def records_line(server: ServerProcess, tenants: list[Tenant], before: dict) -> str:
+    """For the "[fault]" lines: every tenant's step count read from its final checkpoint, and
+    the session / run / checkpoint records listed before the fault and after recovery."""
+
+    def counts(listing: dict) -> list[int]:
+        ckpts = sum(len(paths) for paths in listing["ckpt"].values())
+        return [len(listing["sessions"]), len(listing["runs"]), ckpts]
+
+    total = {"before": [0, 0, 0], "after": [0, 0, 0]}
+    for tenant in tenants:
+        key = tenant.report.key
+        for when, listing in (("before", before[key]), ("after", management(server, key))):
+            total[when] = [a + b for a, b in zip(total[when], counts(listing))]
+    steps = [
+        server.checkpoint_state(t.report.key, t.report.final_path)["cur_step"] for t in tenants
+    ]
+    return (
+        f"steps {steps} (target {tenants[0].report.target}); sessions/runs/checkpoints "
+        f"{total['before']} before the fault, {total['after']} after (none lost)"
+    )
+
+
 def check_recovered(server: ServerProcess, tenants, before: dict, lost: bool = True) -> None:
     """The survival rules of every fault: records kept, in-flight calls ended with a clear
     error, old checkpoints load with the same weights, adapters of a dead process reported lost

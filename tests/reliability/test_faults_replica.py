@@ -47,6 +47,7 @@ from _fault_harness import (  # noqa: E402
     management,
     mark_killed,
     pending_owners,
+    records_line,
     redis_persistence,
     start_tenants,
     tenant_of,
@@ -112,9 +113,10 @@ def check(server, tenants, before, lost: set[str], texts: tuple[str, ...], seen:
         assert report.steps == report.target
 
 
-def say(label, server, tenants, down_s, started, down="replica replaced"):
+def say(label, server, tenants, down_s, started, before, down="replica replaced"):
     print(
-        f"\n[fault] {label}, {len(tenants)} tenants: {down} after {down_s:.1f} s "
+        f"\n[fault] {label}, {len(tenants)} tenants: {records_line(server, tenants, before)}; "
+        f"{down} after {down_s:.1f} s "
         f"(server start {[round(s, 1) for s in server.starts]} s); per-tenant recovery "
         f"(kill -> first step) {[round(r, 1) for t in tenants for r in t.report.recovery_s]} s;"
         f" whole run {time.monotonic() - started:.0f} s; first errors "
@@ -157,7 +159,7 @@ def test_sigkill_of_the_gateway_replica_with_tinker_futures_in_flight(tmp_path, 
         # adapters live in the model replica, which lived: none lost. twinkle_client calls go
         # to the model application and never pass the gateway.
         check(server, tenants, before, set(), ("stopped (restarted",), "stopped (restarted")
-        say(f"gateway replica SIGKILL ({mode})", server, tenants, down_s, started)
+        say(f"gateway replica SIGKILL ({mode})", server, tenants, down_s, started, before)
     finally:
         server.stop()
 
@@ -179,7 +181,7 @@ def test_sigkill_of_the_model_replica_mid_step(tmp_path, mode, request):
         # connection broke; any later call: 410 lost.
         texts = ("model replica running this call stopped", "connection broke", "was lost")
         check(server, tenants, before, {"native", "tinker"}, texts, "model replica")
-        say(f"model replica SIGKILL mid-step ({mode})", server, tenants, down_s, started)
+        say(f"model replica SIGKILL mid-step ({mode})", server, tenants, down_s, started, before)
     finally:
         server.stop()
 
@@ -212,6 +214,7 @@ def test_sigkill_of_a_data_parallel_worker_mid_step(tmp_path, mode, request):
             tenants,
             down_s,
             started,
+            before,
             down="worker killed (group rebuilt by the next call)",
         )
     finally:

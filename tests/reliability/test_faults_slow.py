@@ -29,6 +29,7 @@ from _fault_harness import (  # noqa: E402
     hold_together,
     kill_mid_training,
     mark_killed,
+    records_line,
     redis_persistence,
     start_tenants,
     wait_until,
@@ -48,9 +49,10 @@ def eight_tenants(server):
     )
 
 
-def report(label, server, tenants, down_s):
+def report(label, server, tenants, down_s, before):
     print(
-        f"\n[fault] {label}: whole again after {down_s:.1f} s; server starts "
+        f"\n[fault] {label}: {records_line(server, tenants, before)}; "
+        f"whole again after {down_s:.1f} s; server starts "
         f"{[round(s, 1) for s in server.starts]} s; per-tenant recovery (fault -> first step) "
         f"{[round(r, 1) for t in tenants for r in t.report.recovery_s]} s; first errors "
         f"{sorted({t.report.fault_errors[0][:90] for t in tenants})}"
@@ -71,7 +73,7 @@ def test_eight_tenants_survive_a_sigkill_of_the_whole_server(tmp_path, mode, req
         down_s, before = kill_mid_training(server, tenants, server.store())
         finish(tenants, threads, timeout_s=900)
         check_recovered(server, tenants, before)
-        report(f"whole-server SIGKILL, 8 tenants ({mode})", server, tenants, down_s)
+        report(f"whole-server SIGKILL, 8 tenants ({mode})", server, tenants, down_s, before)
     finally:
         server.stop()
 
@@ -144,7 +146,7 @@ def test_eight_tenants_survive_a_sigkill_of_redis(tmp_path):
         # Every error names the store; none says the (living) server process stopped.
         errors = [e for t in tenants for e in t.report.fault_errors]
         assert errors and all("state store" in e and "stopped" not in e for e in errors), errors
-        report("Redis SIGKILL (AOF fsync always), 8 tenants", server, tenants, down_s)
+        report("Redis SIGKILL (AOF fsync always), 8 tenants", server, tenants, down_s, before)
     finally:
         server.stop()
         store.stop()
