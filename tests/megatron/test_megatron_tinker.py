@@ -30,7 +30,7 @@ def _datum(tokens: list[int]):
     )
 
 
-def _tp2_server(tmp_path):
+def _tp2_server(tmp_path, mesh: dict | None = None):
     from twinkle.server.config import parse_config
     from twinkle.server.local import build_local_server
     from twinkle.server.state import MemoryStore
@@ -41,7 +41,7 @@ def _tp2_server(tmp_path):
         sampler=True,
         server_args={"server_config": {"per_token_model_limit": 4, "supported_models": [BASE]}},
         device_group={"name": "model", "ranks": 2, "device_type": "cpu"},
-        device_mesh={"device_type": "cpu", "tp_size": 2},
+        device_mesh={"device_type": "cpu", **(mesh or {"tp_size": 2})},
     )
     config["storage"] = {"root": str(tmp_path / "storage")}
     return build_local_server(parse_config(config), store=MemoryStore("mtk:"))
@@ -118,15 +118,19 @@ def _tenant_flow(service, rank: int, tag: str, **lora) -> dict:
 
 
 @pytest.mark.slow
-def test_tinker_sdk_trains_two_tenants_on_a_tp2_megatron_server(tmp_path):
+@pytest.mark.parametrize("mesh", [{"tp_size": 2}, {"pp_size": 2}], ids=["tp2", "pp2"])
+def test_tinker_sdk_trains_two_tenants_on_a_tp2_megatron_server(tmp_path, mesh):
+    """tp=2, and pp=2: there Tinker's default adapter (train_unembed=True) has its LM head part on
+    the last stage and its layers on both."""
     from twinkle.model.megatron.parallel import ParallelMegatronModel
     from twinkle_client import init_tinker_client
 
     init_tinker_client()
-    server = _tp2_server(tmp_path)
+    server = _tp2_server(tmp_path, mesh)
     model = server.services["model"].model
     try:
-        assert isinstance(model, ParallelMegatronModel) and model.tp_size == 2
+        assert isinstance(model, ParallelMegatronModel)
+        assert (model.tp_size, model.pp_size) == (mesh.get("tp_size", 1), mesh.get("pp_size", 1))
         with serve_in_thread(server.app) as url:
             alice = tinker.ServiceClient(base_url=url, api_key=KEYS["alice"])
             bob = tinker.ServiceClient(base_url=url, api_key=KEYS["bob"])
