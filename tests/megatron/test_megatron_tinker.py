@@ -172,7 +172,7 @@ def test_inflight_adapter_state_of_a_model_whose_tenants_live_in_its_ranks():
 
     class Ranks(ParallelMegatronModel):  # the driver's surface, without spawning ranks
         def __init__(self):
-            self._procs = []
+            self._ranks = None  # no ranks: call() is answered here
 
         def call(self, name, *args, **kwargs):
             assert name in ("adapter_state_dict", "adapter_peft_config"), name
