@@ -143,3 +143,15 @@ def test_a_killed_rank_actor_fails_the_next_call_and_closes_the_rest(local_ray):
             model.list_adapters()
     finally:
         model.close()
+
+
+@pytest.mark.slow
+def test_a_placement_the_cluster_cannot_hold_fails_naming_it(local_ray):
+    from twinkle.model.megatron.parallel import ParallelMegatronModel
+
+    ray = local_ray
+    options = {"num_cpus": 4, "timeout_s": 2}  # the local Ray has 2 CPUs
+    with pytest.raises(TimeoutError, match=r"cannot place 2 megatron ranks of \{'CPU': 4.0\}"):
+        ParallelMegatronModel("tiny://qwen3", tp_size=2, launcher="ray", ray_options=options)
+    groups = ray.util.placement_group_table().values()
+    assert groups and all(g["state"] == "REMOVED" for g in groups)  # nothing left reserved
