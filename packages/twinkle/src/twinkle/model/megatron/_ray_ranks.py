@@ -21,7 +21,6 @@ from twinkle.model.megatron._ranks import (
     CALL_TIMEOUT_S,
     DEFAULT_RAY_CPUS,
     build_rank,
-    leave_world,
     lost,
     portable,
     run_call,
@@ -60,9 +59,6 @@ class RankActor:
         from twinkle.parallel.placement import placement_report
 
         return {**placement_report(), "node_ip": ray.util.get_node_ip_address(), "rank": self.rank}
-
-    def leave(self) -> None:
-        leave_world()
 
 
 class RayRanks:
