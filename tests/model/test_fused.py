@@ -103,3 +103,40 @@ def test_fused_token_accuracy_counts_each_tenants_own_rows():
     for name, accuracy in expected.items():
         assert 0.2 < accuracy < 0.8
         assert m.calculate_metric(adapter_name=name).result["token_acc"] == accuracy
+
+
+def test_interleaved_ranks_run_side_by_side_and_stay_exact(monkeypatch):
+    """Tenants of ranks 8/16/8/16/8/16 (requested interleaved) share a pass sorted by rank: each
+    layer call runs two groups (one bmm each), and every tenant's loss and gradients are still
+    those of its own pass."""
+    from twinkle.model.lora import torch_kernel
+
+    ranks = {f"t{i}": (8, 16)[i % 2] for i in range(6)}
+
+    def build():
+        m = MultiLoraTransformersModel("tiny://qwen3")
+        for name, rank in ranks.items():
+            m.add_adapter_to_model(
+                name, LoraConfig(r=rank, lora_alpha=2 * rank, init_lora_weights=False)
+            )
+        return m
+
+    requests = {n: {"inputs": make_batch(rows=2, seq=12, seed=i)} for i, n in enumerate(ranks)}
+    fused, separate = build(), build()
+    groups: list[int] = []
+    real_build = torch_kernel.Plan.build
+
+    def record(segments, *args, **kwargs):
+        plan = real_build(segments, *args, **kwargs)
+        groups.append(len(plan.groups))
+        return plan
+
+    monkeypatch.setattr(torch_kernel.Plan, "build", staticmethod(record))
+    out = fused.forward_backward_many(requests)
+    assert groups and set(groups) == {2}  # ranks 8 then 16, never six segments alone
+    monkeypatch.undo()
+    for name, request in requests.items():
+        alone = separate.forward_backward(request["inputs"], adapter_name=name)
+        assert out[name]["loss"] == pytest.approx(alone["loss"], rel=1e-5)
+        for g_fused, g_sep in zip(_grads(fused, name), _grads(separate, name)):
+            torch.testing.assert_close(g_fused, g_sep, rtol=1e-5, atol=1e-8)

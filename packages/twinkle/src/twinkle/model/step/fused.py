@@ -77,7 +77,9 @@ def fused_forward_backward(
     try:
         for pieces in plan:
             if pieces[0].whole:
-                idx = [p.index for p in pieces]
+                idx = sorted(
+                    (p.index for p in pieces), key=lambda i: _layout_key(batches[i], tenants[i])
+                )
                 sub = [tenants[i] for i in idx]
                 with ctx():
                     done = forward_batches(
@@ -232,6 +234,18 @@ def attach_grads(tenants: Sequence[Tenant]) -> None:
     for tenant in tenants:
         if tenant.flat is not None:
             tenant.flat.attach_grads()
+
+
+def _layout_key(batch: TenantBatch, tenant: Tenant) -> tuple:
+    """Where a batch's rows go in a pass: tenants of one rank, row count and length side by side.
+
+    The torch multi-LoRA kernel runs consecutive segments of the same rank and row count as one
+    ``bmm`` per stage instead of one ``mm`` each (``lora/torch_kernel.py``), so 32 tenants of
+    ranks cycling 8/16/32 become three groups instead of 32 segments. Each row's result does not
+    depend on its place in the pass (sorted() is stable: equal keys keep their order).
+    """
+    rank = tenant.spec.r if tenant.spec is not None else 0
+    return (rank, batch.num_samples, batch.tensors["input_ids"].shape[1])
 
 
 def _direct_grads_ok(tenants: Sequence[Tenant], enabled: bool) -> bool:
