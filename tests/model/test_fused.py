@@ -105,16 +105,18 @@ def test_fused_token_accuracy_counts_each_tenants_own_rows():
         assert m.calculate_metric(adapter_name=name).result["token_acc"] == accuracy
 
 
-def test_interleaved_ranks_run_side_by_side_and_stay_exact(monkeypatch):
-    """Tenants of ranks 8/16/8/16/8/16 (requested interleaved) share a pass sorted by rank: each
-    layer call runs two groups (one bmm each), and every tenant's loss and gradients are still
-    those of its own pass."""
+@pytest.mark.parametrize("budget,expected", [(None, [2]), (48, [1, 2, 1])])
+def test_interleaved_ranks_run_side_by_side_and_stay_exact(monkeypatch, budget, expected):
+    """Tenants of ranks 8/16/8/16/8/16 (requested interleaved) are packed sorted by rank: in one
+    pass each layer call runs two groups (one bmm each); with a budget of two tenants a pass the
+    passes are (8, 8), (8, 16), (16, 16). Every tenant's loss and gradients are still those of
+    its own pass."""
     from twinkle.model.lora import torch_kernel
 
     ranks = {f"t{i}": (8, 16)[i % 2] for i in range(6)}
 
     def build():
-        m = MultiLoraTransformersModel("tiny://qwen3")
+        m = MultiLoraTransformersModel("tiny://qwen3", options={"max_pass_tokens": budget})
         for name, rank in ranks.items():
             m.add_adapter_to_model(
                 name, LoraConfig(r=rank, lora_alpha=2 * rank, init_lora_weights=False)
@@ -133,7 +135,10 @@ def test_interleaved_ranks_run_side_by_side_and_stay_exact(monkeypatch):
 
     monkeypatch.setattr(torch_kernel.Plan, "build", staticmethod(record))
     out = fused.forward_backward_many(requests)
-    assert groups and set(groups) == {2}  # ranks 8 then 16, never six segments alone
+    # One layer call per adapted linear per pass: the passes' group counts, in order.
+    per_pass = len(groups) // len(expected)
+    passes = [groups[i * per_pass : (i + 1) * per_pass] for i in range(len(expected))]
+    assert [set(counts) for counts in passes] == [{n} for n in expected]
     monkeypatch.undo()
     for name, request in requests.items():
         alone = separate.forward_backward(request["inputs"], adapter_name=name)

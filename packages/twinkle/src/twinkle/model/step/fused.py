@@ -70,16 +70,22 @@ def fused_forward_backward(
         for b, t in zip(batches, tenants)
     ]
     budget = pass_token_budget(max_pass_tokens, base_model, device)
-    plan = plan_passes(batches, budget, splittable)
+    # Packed in layout order (see _layout_key): same-rank tenants share passes and sit side by
+    # side in them, and similar lengths pad less.
+    order = sorted(range(len(batches)), key=lambda i: _layout_key(batches[i], tenants[i]))
+    plan = [
+        [Piece(order[p.index], p.start, p.stop, p.whole) for p in pieces]
+        for pieces in plan_passes(
+            [batches[i] for i in order], budget, [splittable[i] for i in order]
+        )
+    ]
     ctx = router.direct_weight_grads if direct else nullcontext
     states: list[Any] = [None] * len(batches)
     saved = None
     try:
         for pieces in plan:
             if pieces[0].whole:
-                idx = sorted(
-                    (p.index for p in pieces), key=lambda i: _layout_key(batches[i], tenants[i])
-                )
+                idx = [p.index for p in pieces]
                 sub = [tenants[i] for i in idx]
                 with ctx():
                     done = forward_batches(
