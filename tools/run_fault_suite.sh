@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Every fault scenario of issue 28 point 3, with their timings printed ("[fault] ..." lines):
 # the default-run part (the whole server SIGKILLed, 2 tenants, file persistence; orphaned
-# futures, lost adapters, a full disk mid-checkpoint, a dead dp worker or replica in-process) and the slow part (eight tenants of both
-# clients through a SIGKILL of the whole server and of Redis; under `twinkle-server launch` on
-# Ray Serve, one replica SIGKILLed: the gateway, the model mid-step, a data-parallel worker,
-# each with file and Redis persistence; TWINKLE_FAULT_TENANTS sets their tenant count, default
-# 8). Every part runs even if an earlier one failed; the exit status says whether all passed.
+# futures, lost adapters, a full disk mid-checkpoint, a dead dp worker or replica in-process)
+# and the slow part (eight tenants of both clients through a SIGKILL of the whole server and of
+# Redis; under `twinkle-server launch` on Ray Serve, one replica SIGKILLed: the gateway, the
+# model mid-step, a data-parallel worker, each with file and Redis persistence;
+# TWINKLE_FAULT_TENANTS sets their tenant count, default 8). Every part runs even if an earlier
+# one failed; the exit status says whether all passed.
 #   tools/run_fault_suite.sh [extra pytest args]
 set -uo pipefail
 cd "$(dirname "$0")/.."
