@@ -24,6 +24,7 @@ part() {
 part tests/reliability/test_faults.py tests/reliability/test_faults_replica.py "$@"
 part -m slow tests/reliability/test_faults_slow.py "$@"
 part -m slow tests/reliability/test_faults_replica.py "$@"
-echo "== fault suite: $([ $status = 0 ] && echo passed || echo FAILED) in $(($(date +%s) - started)) s" \
+verdict=$([ $status = 0 ] && echo passed || echo FAILED)
+echo "== fault suite: $verdict in $(($(date +%s) - started)) s" \
     "(load $(cut -d' ' -f1-3 /proc/loadavg))"
 exit $status
