@@ -1,6 +1,7 @@
 """Served expert parallel: ``device_mesh: {dp_size: 2, ep_size: 2}`` on a Qwen3-MoE model builds
 one world of two expert ranks (megatron carves the expert groups from the dp ranks), and two
-tenants of different ranks train through the in-process server with the seed's Megatron flow."""
+tenants of different ranks train through the in-process server with the seed's Megatron flow,
+each rank running its share of the rows."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ def test_served_ep2_moe_model_trains_two_tenants(tmp_path):
     try:
         assert isinstance(model, ParallelMegatronModel) and model.ep_size == 2
         losses = served_seed_flow(server, "/api/v1/model/tiny/qwen3-moe")
+        # 3 steps x 2 tenants x 2 rows, split 1/1: 6 rows per rank (the whole batch: 12).
+        assert [rows for rows, _ in model.computed_rows()] == [6, 6]
     finally:
         model.close()
     for name in losses:

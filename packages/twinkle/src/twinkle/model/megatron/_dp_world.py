@@ -11,6 +11,17 @@ its collectives on megatron's dp group instead of the whole world. Every replica
 same gradients, so clipping and Adam stay replicated; other calls (``forward_only``, the
 ``forward``/``backward`` path, optimizer steps, checkpoints) run the same request on every
 replica, which gives every replica the same result.
+
+Expert parallel (``ep_size`` E, tp = pp = 1) is the same world: megatron's expert groups are
+carved out of its E data-parallel ranks, so each rank runs its share of the rows and the MoE
+layers' all-to-all moves every token to the rank of its experts and back. The adapters are all
+dense (attention, ``lm_head``: experts and router carry none, see
+:func:`~twinkle.model.megatron._moe.check_adapter_targets`), so every adapter gradient is the
+dp all-reduce's; megatron's expert weights (``allreduce = False``, its mark for "reduce over the
+expert-data-parallel group only", a group of 1 here) are frozen and take no gradient at all.
+The all-to-alls pair up across ranks, so every rank must run the same passes:
+:class:`ExpertRanksSync` checks each rank's rows before any rank starts (a rank that failed
+alone would leave its peers waiting in an all-to-all) and each rank runs its rows as one pass.
 """
 
 from __future__ import annotations
@@ -36,17 +47,53 @@ class _OnGroup:
         return getattr(dist, name)
 
 
+class ExpertRanksSync(replica_worker.ReplicaWorker):
+    """The dp synchronisation of an expert-parallel rank: before the pass, the ranks agree (one
+    flag all-reduced over the dp group) that each one's rows collate, so either all run the
+    pass, whose MoE all-to-alls pair up, or none does."""
+
+    def forward_backward_many(self, shards: dict[str, Any], order: list[str]) -> dict[str, Any]:
+        import torch
+
+        error: BaseException | None = None
+        try:
+            for name, request in shards.items():
+                if request is not None:
+                    request = dict(request)
+                    tenant = self.model.tenant(name)
+                    self.model._collate(tenant, request.pop("inputs"), request)
+        except Exception as exc:
+            error = exc
+        failed = torch.tensor([float(error is not None)], device=self.model.device)
+        replica_worker.dist.all_reduce(failed)
+        if error is not None:
+            raise error
+        if float(failed) > 0:
+            raise replica_worker.PeerFailedError(
+                f"rank {self.rank}: another expert rank's rows were refused; nothing ran"
+            )
+        return super().forward_backward_many(shards, order)
+
+
 def replica_sync(model: Any, dp_rank: int, dp_size: int) -> Any:
     """A ``ReplicaWorker`` around this rank's ``model`` whose gradient synchronisation runs on
     megatron's data-parallel group (this worker process holds one model: the module's ``dist``
-    is replaced for the process)."""
+    is replaced for the process); under expert parallel an :class:`ExpertRanksSync`."""
     from megatron.core import parallel_state as ps
 
     replica_worker.dist = _OnGroup(ps.get_data_parallel_group())
-    sync = replica_worker.ReplicaWorker.__new__(replica_worker.ReplicaWorker)
+    expert = ps.get_expert_model_parallel_world_size() > 1
+    cls = ExpertRanksSync if expert else replica_worker.ReplicaWorker
+    sync = cls.__new__(cls)
     sync.rank, sync.world_size, sync.model = dp_rank, dp_size, model
     sync.device = str(model.device)
     return sync
+
+
+def empty_share(shards: list[dict[str, Any]]) -> bool:
+    """Some rank would get no rows at all (fewer rows than ranks): under expert parallel it
+    could not take part in the all-to-alls, so the call runs whole on every rank instead."""
+    return any(all(request is None for request in shard.values()) for shard in shards)
 
 
 def split_requests(
@@ -69,4 +116,4 @@ def join(order: list[str], results: list[dict[str, Any]]) -> dict[str, dict[str,
     return {name: _sharding.join_results(name, results) for name in order}
 
 
-__all__ = ["join", "replica_sync", "split_requests"]
+__all__ = ["ExpertRanksSync", "empty_share", "join", "replica_sync", "split_requests"]

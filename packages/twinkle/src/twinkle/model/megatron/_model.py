@@ -212,6 +212,9 @@ class MegatronCausalLM(nn.Module):
         self.config = hf_config
         self._device = device
         self.tp_size = tp_size
+        #: Rows and padded tokens run forward so far: what this rank computed (under expert
+        #: parallel its share of the rows, not the whole batch).
+        self.rows_computed = self.tokens_computed = 0
         groups = hf_config.num_key_value_heads
         views = self.model.layers
         views = views.values() if isinstance(views, nn.ModuleDict) else views
@@ -250,6 +253,8 @@ class MegatronCausalLM(nn.Module):
         **_: Any,
     ) -> SimpleNamespace:
         position_ids, mask = megatron_inputs(input_ids, attention_mask, position_ids)
+        self.rows_computed += input_ids.shape[0]
+        self.tokens_computed += input_ids.numel()
         with cpu_shims(self._device):
             logits = self.gpt(input_ids, position_ids, mask)
         return SimpleNamespace(logits=logits)

@@ -228,8 +228,8 @@ def init_expert_parallel(kwargs: dict[str, Any]) -> None:
     no-op at ep 1: the model's own ``init_megatron`` sets tp/pp up).
 
     megatron carves the expert-parallel groups out of the data-parallel ranks: with tp 1 and
-    pp 1 the ``ep_size`` ranks are megatron's data-parallel ranks. Twinkle feeds every rank the
-    whole batch (see docs/megatron.md, Expert parallel), so no gradient all-reduce is needed.
+    pp 1 the ``ep_size`` ranks are megatron's data-parallel ranks, each fed its share of the
+    rows (:mod:`~twinkle.model.megatron._dp_world`; see docs/megatron.md, Expert parallel).
     """
     ep = int(kwargs.get("ep_size", 1) or 1)
     if ep == 1:

@@ -162,6 +162,11 @@ class MultiLoraMegatronModel(MultiLoraTransformersModel):
         _moe.check_adapter_targets(self.model.config, adapter_name, selector)
         super().add_adapter_to_model(adapter_name, config, gradient_accumulation_steps, **kwargs)
 
+    def computed_rows(self) -> tuple[int, int]:
+        """The rows and padded tokens this model's base model has run forward so far (a pipeline
+        stage's model counts none)."""
+        return self.model.rows_computed, self.model.tokens_computed
+
     def set_optimizer(self, optimizer: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
         """Set the tenant's optimizer: ``'default'`` (Adam), ``'Adam'`` or ``'AdamW'``.
 

@@ -51,6 +51,17 @@ def _remotable() -> frozenset[str]:
     )
 
 
+def one_pass(options: Any) -> Any:
+    """``options`` with every fused training call run as one pass (``max_pass_tokens`` 0, no
+    row chunks): under expert parallel each rank's pass count must match its peers' (their MoE
+    all-to-alls pair up), and a token budget would cut ranks' unequal shares differently."""
+    import dataclasses
+
+    from twinkle.model.options import resolve_options
+
+    return dataclasses.replace(resolve_options(options), max_pass_tokens=0, split_batches=False)
+
+
 class ParallelMegatronModel:
     """The :class:`MultiLoraMegatronModel` API, each call run on ``tp_size * pp_size`` ranks.
 
@@ -65,11 +76,13 @@ class ParallelMegatronModel:
         ray_options: Placement of the Ray ranks (:class:`~._ray_ranks.RayRanks`): ``num_cpus``,
             ``num_gpus``, ``resources``, ``nproc_per_node``.
         **kwargs: ``MultiLoraMegatronModel`` arguments (torch_dtype, device, seed, options);
-            ``ep_size`` (an MoE model): its experts split over that many ranks.
+            ``ep_size`` (an MoE model): its experts split over that many ranks, which are the
+            data-parallel ranks (``dp_size`` 1 or equal): each runs its share of the rows.
 
     Raises:
         ValueError: ``tp_size`` does not divide the model's heads, groups, MLP width or vocab, or
-            ``pp_size`` its layers; an unknown ``launcher``.
+            ``pp_size`` its layers; ``ep_size`` with another ``dp_size``; an unknown
+            ``launcher``.
         RuntimeError: A worker failed to start (its error is the cause).
     """
 
@@ -97,19 +110,22 @@ class ParallelMegatronModel:
         ep_size = int(kwargs.get("ep_size", 1) or 1)
         _moe.check_moe(hf_config, model_id, tp_size, ep_size)
         check_pp(hf_config, model_id, pp_size)
-        if ep_size > 1 and dp_size > 1:
+        if ep_size > 1 and dp_size not in (1, ep_size):
             raise ValueError(
                 f"ep_size {ep_size} with dp_size {dp_size} is not built: the expert ranks are "
-                "megatron's data-parallel ranks, each fed the whole batch"
+                f"megatron's data-parallel ranks, so dp_size must equal ep_size ({ep_size}) or "
+                "be left 1 (each rank runs its share of the rows)"
             )
         self.launcher = choose_launcher(launcher)
-        self.tp_size, self.pp_size, self.dp_size = tp_size, pp_size, dp_size
-        # ep: megatron carves the expert groups out of its data-parallel ranks (tp 1 here), so
-        # ep_size ranks per pipeline stage, each fed the whole batch.
+        # ep: megatron carves the expert groups out of its data-parallel ranks (tp = pp = 1
+        # here): ep_size ranks, which are the dp ranks, each running its share of the rows.
         self.ep_size = ep_size
-        replicas = ep_size if ep_size > 1 else dp_size
-        self.world = tp_size * pp_size * replicas
-        self.answer = answer_rank(tp_size, pp_size, replicas)
+        if ep_size > 1:
+            dp_size = ep_size
+            kwargs["options"] = one_pass(kwargs.get("options"))
+        self.tp_size, self.pp_size, self.dp_size = tp_size, pp_size, dp_size
+        self.world = tp_size * pp_size * dp_size
+        self.answer = answer_rank(tp_size, pp_size, dp_size)
         #: The rank whose results stand for each dp replica's rows.
         self.replica_answers = [self.answer + tp_size * d for d in range(dp_size)]
         self._pair_rows: set[str] = set()
@@ -138,11 +154,13 @@ class ParallelMegatronModel:
 
     def _check(self, name: str, results: dict[int, tuple[bool, Any]], ranks=None) -> Any:
         """The answer among every rank's ``(ok, value)``: the answering rank's error is raised
-        first (an earlier pipeline stage's is only the consequence), then any other rank's."""
-        for rank in [self.answer, *sorted(results)]:
-            ok, value = results[rank]
-            if not ok:
-                raise value
+        first (an earlier pipeline stage's is only the consequence), then any other rank's; a
+        rank's own error before its peers' ``PeerFailedError`` (theirs only follows from it)."""
+        from twinkle.parallel._worker import PeerFailedError
+
+        errors = [results[r][1] for r in [self.answer, *sorted(results)] if not results[r][0]]
+        if errors:
+            raise next((e for e in errors if not isinstance(e, PeerFailedError)), errors[0])
         if ranks is not None:
             return [results[rank][1] for rank in ranks]
         return results[self.answer][1]
@@ -177,12 +195,22 @@ class ParallelMegatronModel:
             if "inputs" not in request:
                 raise InvalidArgumentError(f"request for adapter {name!r} has no 'inputs'")
         order, shards = _dp_world.split_requests(requests, self.dp_size, self._pair_rows)
+        if self.ep_size > 1 and _dp_world.empty_share(shards):
+            # A rank without rows cannot take part in the MoE all-to-alls: every rank runs the
+            # whole batch (the same losses and gradients on each, so no all-reduce is needed).
+            return self.call("forward_backward_many", requests)
         messages = [
             # megatron's order tp-cp-ep-dp-pp: rank r is in replica (r // tp) % dp
             (DP_FORWARD_BACKWARD, (shards[(rank // self.tp_size) % self.dp_size], order), {})
             for rank in range(self.world)
         ]
         return _dp_world.join(order, self._run(DP_FORWARD_BACKWARD, messages, self.replica_answers))
+
+    def computed_rows(self) -> list[tuple[int, int]]:
+        """Each rank's ``(rows, padded tokens)`` its base model has run forward so far."""
+        return self._run(
+            "computed_rows", [("computed_rows", (), {})] * self.world, list(range(self.world))
+        )
 
     def forward_backward(self, inputs: Any, adapter_name: str | None = None, **kwargs: Any):
         if self.dp_size == 1:

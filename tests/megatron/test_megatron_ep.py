@@ -1,0 +1,64 @@
+"""Expert parallel the megatron way: the ep ranks are the data-parallel ranks, each runs its share
+of the rows, megatron's all-to-all moves the tokens to their experts and back, and the dense
+adapters' gradients are all-reduced over the dp group. Equal to the transformers backend."""
+
+import pytest
+
+pytest.importorskip("megatron.core", reason="megatron-core is not installed")
+
+from tests.megatron._equivalence import (  # noqa: E402
+    assert_equals_reference,
+    assert_rel_close,
+    make_batch,
+    train_two_tenants,
+)
+
+MOE = "tiny://qwen3-moe"
+
+
+def train(model, out_dir):
+    """The two tenants' fused passes and clipped step, then tenant a alone with one row (fewer
+    rows than ranks); the losses, adapters and checkpoint of both."""
+    losses, states, saved = train_two_tenants(model, out_dir)
+    one = model.forward_backward(make_batch(1, 9, 5), adapter_name="a")["loss"]
+    assert model.clip_grad_and_step(max_grad_norm=0.5, adapter_name="a")
+    return losses + [one], states, saved, model.adapter_state_dict(adapter_name="a")
+
+
+@pytest.mark.slow
+def test_ep2_rows_split_equals_the_transformers_backend(tmp_path):
+    """ep=2, two tenants r4 / r8 (3 and 2 rows: split 2/1 and 1/1 over the expert ranks; the
+    experts carry no LoRA, refused by this backend): losses, post-step adapters and the saved
+    checkpoint equal the transformers backend, and each rank ran only its rows."""
+    from twinkle.errors import InvalidArgumentError
+    from twinkle.model import MultiLoraTransformersModel
+    from twinkle.model.megatron.parallel import ParallelMegatronModel
+
+    ref_losses, ref_states, ref_saved, ref_a = train(MultiLoraTransformersModel(MOE), tmp_path)
+    with ParallelMegatronModel(MOE, tp_size=1, ep_size=2, launcher="process") as ep2:
+        assert (ep2.world, ep2.dp_size) == (2, 2)
+        losses, states, saved, a = train(ep2, tmp_path / "ep2")
+        # Two fused calls of a 2/1 + b 1/1 rows (whole: 5 rows per rank per call), then the
+        # one-row call, which every rank runs whole (a rank without rows would miss the
+        # all-to-alls): rank 0 2*3 + 1, rank 1 2*2 + 1 rows.
+        rows = [r for r, _ in ep2.computed_rows()]
+        assert rows == [7, 5]
+        # A bad row in rank 1's share alone: both ranks refuse before any all-to-all; the real
+        # error (not the peer's PeerFailedError) comes back, and the world still trains.
+        bad = make_batch(2, 8, 6)
+        bad["input_ids"][1, 2] = 10**6
+        with pytest.raises(InvalidArgumentError, match="vocabulary range"):
+            ep2.forward_backward(bad, adapter_name="b")
+        assert [r for r, _ in ep2.computed_rows()] == rows  # nothing ran
+        assert ep2.forward_backward(make_batch(2, 8, 7), adapter_name="b")["loss"] > 0
+    assert_equals_reference((ref_losses[:4], ref_states, ref_saved), losses[:4], states, saved)
+    assert losses[4] == pytest.approx(ref_losses[4], rel=1e-4)
+    for key, want in ref_a.items():
+        assert_rel_close(a[key], want)
+
+
+def test_ep_with_another_dp_size_is_refused_naming_both():
+    from twinkle.model.megatron.parallel import ParallelMegatronModel
+
+    with pytest.raises(ValueError, match="ep_size 2 with dp_size 4 is not built.*dp_size must"):
+        ParallelMegatronModel(MOE, tp_size=1, ep_size=2, dp_size=4)
