@@ -22,7 +22,7 @@ part() {
     python -u -m pytest -q -s -p no:warnings "$@" | grep --line-buffered -v '^WARNING' || status=1
 }
 part tests/reliability/test_faults.py tests/reliability/test_faults_replica.py "$@"
-part -m slow tests/reliability/test_faults_slow.py "$@"
+part -m slow tests/reliability/test_faults.py tests/reliability/test_faults_slow.py "$@"
 part -m slow tests/reliability/test_faults_replica.py "$@"
 verdict=$([ $status = 0 ] && echo passed || echo FAILED)
 echo "== fault suite: $verdict in $(($(date +%s) - started)) s" \

@@ -13,6 +13,7 @@ from twinkle_client._http import HttpTransport
 from twinkle_client.errors import (
     AuthenticationError,
     BadRequestError,
+    GoneError,
     NotFoundError,
     PermissionDeniedError,
     RateLimitError,
@@ -130,3 +131,13 @@ def test_every_error_is_a_twinkle_server_error():
         BadRequestError,
     ):
         assert issubclass(cls, TwinkleServerError)
+
+
+def test_a_lost_adapter_is_a_gone_error_and_still_a_not_found_error():
+    message = "adapter 'a' was lost: the model server restarted; resume from its newest checkpoint"
+    transport, seen = _replies(_error(410, message, code="Gone"))
+    http, _ = _http(transport)
+    with pytest.raises(GoneError, match="was lost") as info:
+        http.post("/models/m/forward_backward", {})
+    assert isinstance(info.value, NotFoundError) and info.value.status == 410
+    assert len(seen) == 1  # a user error: not retried

@@ -56,6 +56,12 @@ class NotFoundError(TwinkleServerError):
     """HTTP 404: unknown adapter, run, checkpoint, dataset or operation."""
 
 
+class GoneError(NotFoundError):
+    """HTTP 410: the adapter (or session) existed and is gone: lost in a server restart, a
+    worker's death, or finished. Not a fresh start: the message says what was lost; resume from
+    the newest checkpoint. A :class:`NotFoundError`, so code catching that keeps working."""
+
+
 class RateLimitError(TwinkleServerError):
     """HTTP 429, still refused after every retry."""
 
@@ -74,7 +80,7 @@ _BY_STATUS: dict[int, type[TwinkleServerError]] = {
     403: PermissionDeniedError,
     404: NotFoundError,
     409: BadRequestError,
-    410: NotFoundError,
+    410: GoneError,
     413: BadRequestError,
     422: BadRequestError,
     429: RateLimitError,
@@ -91,6 +97,7 @@ def error_class(status: int) -> type[TwinkleServerError]:
 __all__ = [
     "AuthenticationError",
     "BadRequestError",
+    "GoneError",
     "NotFoundError",
     "PermissionDeniedError",
     "RateLimitError",
