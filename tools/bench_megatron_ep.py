@@ -2,8 +2,9 @@
 
 Same workload as ``bench_megatron_tp.py`` (two tenants, r 8 and 16, one fused forward_backward +
 step per iteration, attention LoRA: the experts carry none); both sizes run in spawned workers.
-Prints one JSON line per ep size with the median step time and the expert weights each rank
-holds.
+The ep ranks are megatron's data-parallel ranks: each runs its share of the rows (``rows_run``:
+the rows each rank's base model ran, warmup included). Prints one JSON line per ep size with the
+median step time and the expert weights each rank holds.
 
     python tools/bench_megatron_ep.py --model tiny://qwen3-moe --ep 1 2
 """
@@ -31,6 +32,12 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument(
+        "--max-pass-tokens",
+        type=int,
+        default=None,
+        help="ExecutionOptions.max_pass_tokens (ep > 1 always runs one pass per call)",
+    )
     args = parser.parse_args()
     os.environ["TWINKLE_MEGATRON_THREADS"] = str(args.threads)
     from twinkle.hub import load_config
@@ -41,9 +48,13 @@ def main() -> None:
     per_expert = 3 * config.hidden_size * config.moe_intermediate_size
     for ep in args.ep:
         kwargs = {"device": args.device} if args.device else {}
+        if args.max_pass_tokens is not None:
+            kwargs["options"] = {"max_pass_tokens": args.max_pass_tokens}
         model = ParallelMegatronModel(args.model, tp_size=1, ep_size=ep, **kwargs)
         try:
             times = measure(model, args.steps, args.warmup, args.rows, args.seq, vocab)
+            computed = getattr(model, "computed_rows", None)
+            rows_run = [rows for rows, _ in computed()] if computed else None
         finally:
             model.close()
         local = config.num_experts // ep
@@ -55,6 +66,8 @@ def main() -> None:
                     "threads_per_rank": args.threads,
                     "rows_per_tenant": args.rows,
                     "seq": args.seq,
+                    "max_pass_tokens": 0 if ep > 1 else args.max_pass_tokens,
+                    "rows_run": rows_run,
                     "experts_per_rank": local,
                     "expert_params_per_rank": config.num_hidden_layers * local * per_expert,
                     "step_s_median": round(statistics.median(times), 4),

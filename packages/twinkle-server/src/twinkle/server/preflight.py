@@ -99,8 +99,7 @@ def _model_problems(app: ApplicationConfig) -> list[str]:
 EP_BUILT = (
     "served expert parallel is built as dp_size == ep_size at tp = pp = 1 (megatron carves the "
     "expert groups from the data-parallel ranks): one world of ep_size ranks, each holding "
-    "1/ep_size of a Qwen3-MoE model's experts and fed the whole batch (rows are not split over "
-    "the expert ranks yet)"
+    "1/ep_size of a Qwen3-MoE model's experts and running its share of the rows"
 )
 
 

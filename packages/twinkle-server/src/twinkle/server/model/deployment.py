@@ -55,8 +55,8 @@ def build_service(app_config: ApplicationConfig, context) -> ModelService:
             ray_options=megatron_rank_options(app_config),
         )
         if mesh.ep_size > 1:
-            # dp_size == ep_size (preflight): the expert ranks are the world's dp ranks, each
-            # fed the whole batch, so the world is ep_size ranks without a row split
+            # dp_size == ep_size (preflight): the expert ranks are the world's dp ranks, so the
+            # world is ep_size ranks, each running its share of the rows
             kwargs.pop("dp_size", None)
             kwargs["ep_size"] = mesh.ep_size
     torch_backend = args.backend != "mock"
