@@ -62,3 +62,45 @@ def test_ep_with_another_dp_size_is_refused_naming_both():
 
     with pytest.raises(ValueError, match="ep_size 2 with dp_size 4 is not built.*dp_size must"):
         ParallelMegatronModel(MOE, tp_size=1, ep_size=2, dp_size=4)
+
+
+def train_dpo(model):
+    """A DPO tenant (3 (chosen, rejected) pairs: split over 2 ranks as 2 pairs and 1), then a
+    fused call with one pair for it (rank 0 alone has DPO rows and a reference pass to run) and
+    two rows for an SFT tenant."""
+    config = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear", "init_lora_weights": False}
+    for name, seed in (("p", 3), ("s", 4)):
+        model.add_adapter_to_model(name, config, seed=seed)
+        model.set_optimizer("Adam", adapter_name=name, lr=1e-2, eps=1.0)
+    model.set_loss("DPOLoss", adapter_name="p", beta=0.1)
+    pairs = make_batch(6, 12, 8)
+    losses = []
+    for _ in range(2):
+        losses.append(model.forward_backward(pairs, adapter_name="p")["loss"])
+        assert model.clip_grad_and_step(max_grad_norm=0.5, adapter_name="p")
+    mixed = {"p": {"inputs": make_batch(2, 10, 9)}, "s": {"inputs": make_batch(2, 10, 10)}}
+    out = model.forward_backward_many(mixed)
+    model.clip_grad_and_step_many(["p", "s"], max_grad_norm=0.5)
+    losses += [out["p"]["loss"], out["s"]["loss"]]
+    return losses, {n: model.adapter_state_dict(adapter_name=n) for n in ("p", "s")}
+
+
+@pytest.mark.slow
+def test_ep2_keeps_dpo_pairs_together_and_equals_the_transformers_backend():
+    """DPO pairs stay on one rank; a rank whose rows need no reference pass runs one anyway when
+    a peer does (else the peer's reference pass would wait in its all-to-alls forever)."""
+    from twinkle.model import MultiLoraTransformersModel
+    from twinkle.model.megatron.parallel import ParallelMegatronModel
+
+    ref_losses, ref_states = train_dpo(MultiLoraTransformersModel(MOE))
+    with ParallelMegatronModel(MOE, tp_size=1, ep_size=2, launcher="process") as ep2:
+        losses, states = train_dpo(ep2)
+        rows = [r for r, _ in ep2.computed_rows()]
+    # Two DPO calls of 4 / 2 rows, each with its reference pass: 16 / 8; the mixed call: rank 0
+    # p's pair + one s row, p's reference pass: 5; rank 1 one s row and its reference pass: 2.
+    assert rows == [21, 10]
+    assert losses == pytest.approx(ref_losses, rel=1e-4)
+    assert losses[1] != pytest.approx(losses[0], rel=1e-3)
+    for name, ref_state in ref_states.items():
+        for key, want in ref_state.items():
+            assert_rel_close(states[name][key], want)

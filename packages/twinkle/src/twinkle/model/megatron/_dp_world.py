@@ -21,7 +21,8 @@ dp all-reduce's; megatron's expert weights (``allreduce = False``, its mark for 
 expert-data-parallel group only", a group of 1 here) are frozen and take no gradient at all.
 The all-to-alls pair up across ranks, so every rank must run the same passes:
 :class:`ExpertRanksSync` checks each rank's rows before any rank starts (a rank that failed
-alone would leave its peers waiting in an all-to-all) and each rank runs its rows as one pass.
+alone would leave its peers waiting in an all-to-all), makes every rank run a reference pass
+when one does, and each rank runs its rows as one pass.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from twinkle.parallel import _sharding
+from twinkle.parallel import _normalisation, _sharding
 from twinkle.parallel import _worker as replica_worker
 
 
@@ -47,32 +48,63 @@ class _OnGroup:
         return getattr(dist, name)
 
 
+class _WithReference(_normalisation.RecordingLoss):
+    """A rank's loss made to ask for the reference pass (a bare forward) its peers run: the
+    pass's MoE all-to-alls must pair up. The loss itself ignores the reference log-probs."""
+
+    @property
+    def needs_reference(self) -> bool:  # type: ignore[override]
+        return True
+
+
 class ExpertRanksSync(replica_worker.ReplicaWorker):
-    """The dp synchronisation of an expert-parallel rank: before the pass, the ranks agree (one
-    flag all-reduced over the dp group) that each one's rows collate, so either all run the
-    pass, whose MoE all-to-alls pair up, or none does."""
+    """The dp synchronisation of an expert-parallel rank. Before the pass the ranks agree (one
+    all-reduce over the dp group) that each one's rows collate, so either all run the pass,
+    whose MoE all-to-alls pair up, or none does; and on whether any runs a reference pass (a
+    DPO or KL loss's bare forward), which the others then run too."""
 
     def forward_backward_many(self, shards: dict[str, Any], order: list[str]) -> dict[str, Any]:
         import torch
 
         error: BaseException | None = None
+        reference = False
         try:
             for name, request in shards.items():
                 if request is not None:
                     request = dict(request)
                     tenant = self.model.tenant(name)
-                    self.model._collate(tenant, request.pop("inputs"), request)
+                    batch = self.model._collate(tenant, request.pop("inputs"), request)
+                    loss = batch.loss or tenant.loss
+                    reference |= bool(getattr(loss, "needs_reference", False))
         except Exception as exc:
             error = exc
-        failed = torch.tensor([float(error is not None)], device=self.model.device)
-        replica_worker.dist.all_reduce(failed)
+        flags = torch.tensor([float(error is not None), float(reference)], device=self.model.device)
+        replica_worker.dist.all_reduce(flags)
         if error is not None:
             raise error
-        if float(failed) > 0:
+        if float(flags[0]) > 0:
             raise replica_worker.PeerFailedError(
                 f"rank {self.rank}: another expert rank's rows were refused; nothing ran"
             )
+        if float(flags[1]) > 0 and not reference:
+            shards = _ask_reference(self.model, shards)
         return super().forward_backward_many(shards, order)
+
+
+def _ask_reference(model: Any, shards: dict[str, Any]) -> dict[str, Any]:
+    """``shards`` with its first tenant's loss (the request's or the tenant's) asking for the
+    reference pass; its value, gradient and normaliser stay that loss's."""
+    from twinkle.loss import loss_from_spec
+
+    name = next(n for n, request in shards.items() if request is not None)
+    request = dict(shards[name])
+    if request.get("loss") is not None:
+        inner = loss_from_spec(request["loss"])
+    else:
+        inner = model.tenant(name).loss
+    inner = inner.inner if isinstance(inner, _normalisation.RecordingLoss) else inner
+    request["loss"] = _WithReference(inner)
+    return {**shards, name: request}
 
 
 def replica_sync(model: Any, dp_rank: int, dp_size: int) -> Any:
