@@ -88,7 +88,8 @@ def train_dpo(model):
 @pytest.mark.slow
 def test_ep2_keeps_dpo_pairs_together_and_equals_the_transformers_backend():
     """DPO pairs stay on one rank; a rank whose rows need no reference pass runs one anyway when
-    a peer does (else the peer's reference pass would wait in its all-to-alls forever)."""
+    a peer does (else the peer's reference pass would wait in its all-to-alls forever); an odd
+    DPO batch is refused by every rank alike."""
     from twinkle.model import MultiLoraTransformersModel
     from twinkle.model.megatron.parallel import ParallelMegatronModel
 
@@ -96,6 +97,11 @@ def test_ep2_keeps_dpo_pairs_together_and_equals_the_transformers_backend():
     with ParallelMegatronModel(MOE, tp_size=1, ep_size=2, launcher="process") as ep2:
         losses, states = train_dpo(ep2)
         rows = [r for r, _ in ep2.computed_rows()]
+        # 5 DPO rows: split 2/3, rank 1's loss alone would refuse its odd share after its
+        # forward (rank 0 waiting in the backward); run whole, every rank refuses it alike.
+        with pytest.raises(ValueError, match="odd batch of 5"):
+            ep2.forward_backward(make_batch(5, 8, 11), adapter_name="p")
+        assert ep2.forward_backward(make_batch(2, 8, 12), adapter_name="p")["loss"] > 0
     # Two DPO calls of 4 / 2 rows, each with its reference pass: 16 / 8; the mixed call: rank 0
     # p's pair + one s row, p's reference pass: 5; rank 1 one s row and its reference pass: 2.
     assert rows == [21, 10]

@@ -128,6 +128,32 @@ def empty_share(shards: list[dict[str, Any]]) -> bool:
     return any(all(request is None for request in shard.values()) for shard in shards)
 
 
+def _paired(name: str, request: dict[str, Any], pair_rows: set[str]) -> bool:
+    """The request's rows are (chosen, rejected) pairs: its tenant's loss is DPO (``pair_rows``)
+    or its own loss is."""
+    if name in pair_rows:
+        return True
+    spec = request.get("loss")
+    if spec is None:
+        return False
+    from twinkle.loss import loss_from_spec
+
+    try:
+        return _normalisation._loss_name(loss_from_spec(spec)) == "DPOLoss"
+    except Exception:  # a bad spec: the ranks' collation refuses it, naming it
+        return False
+
+
+def odd_pairs(requests: dict[str, dict[str, Any]], pair_rows: set[str]) -> bool:
+    """A paired request has an odd row count: split, the leftover row would make one rank's
+    loss refuse its rows after its forward, while its peers wait in the backward's all-to-alls;
+    run whole on every rank, all of them refuse it the same way."""
+    return any(
+        _paired(name, request, pair_rows) and _sharding.row_count(request["inputs"]) % 2
+        for name, request in requests.items()
+    )
+
+
 def split_requests(
     requests: dict[str, dict[str, Any]], dp_size: int, pair_rows: set[str]
 ) -> tuple[list[str], list[dict[str, Any]]]:
@@ -136,7 +162,7 @@ def split_requests(
     split = {}
     for name, request in requests.items():
         rows = _sharding.row_count(request["inputs"])
-        unit = 2 if name in pair_rows else 1
+        unit = 2 if _paired(name, request, pair_rows) else 1
         split[name] = _sharding.split_request(
             dict(request), _sharding.shard_bounds(rows, dp_size, unit)
         )
@@ -148,4 +174,11 @@ def join(order: list[str], results: list[dict[str, Any]]) -> dict[str, dict[str,
     return {name: _sharding.join_results(name, results) for name in order}
 
 
-__all__ = ["ExpertRanksSync", "empty_share", "join", "replica_sync", "split_requests"]
+__all__ = [
+    "ExpertRanksSync",
+    "empty_share",
+    "join",
+    "odd_pairs",
+    "replica_sync",
+    "split_requests",
+]

@@ -195,9 +195,12 @@ class ParallelMegatronModel:
             if "inputs" not in request:
                 raise InvalidArgumentError(f"request for adapter {name!r} has no 'inputs'")
         order, shards = _dp_world.split_requests(requests, self.dp_size, self._pair_rows)
-        if self.ep_size > 1 and _dp_world.empty_share(shards):
-            # A rank without rows cannot take part in the MoE all-to-alls: every rank runs the
-            # whole batch (the same losses and gradients on each, so no all-reduce is needed).
+        if self.ep_size > 1 and (
+            _dp_world.empty_share(shards) or _dp_world.odd_pairs(requests, self._pair_rows)
+        ):
+            # A rank without rows cannot take part in the MoE all-to-alls, and an odd DPO batch
+            # would fail on one rank only, after its forward: every rank runs the whole batch
+            # (the same losses, gradients or error on each, so no all-reduce is needed).
             return self.call("forward_backward_many", requests)
         messages = [
             # megatron's order tp-cp-ep-dp-pp: rank r is in replica (r // tp) % dp
