@@ -135,6 +135,52 @@ def fixed_defects() -> list[Case]:
             json={"session_id": "{alice_session}", "sampling_session_seq_id": 9, "base_model": "x"},
             status=404,
         ),
+        # Found by the fuzzer at budget 50 (eighteenth session): ids of the wrong JSON type
+        # reached the state's key concatenation as 500s; messages that named no field.
+        Case(
+            "load_weights session_id bool",
+            "POST",
+            f"{V1}/load_weights",
+            ("session_id",),
+            json={"session_id": True, "model_seq_id": 3, "path": "{alice_ckpt}"},
+        ),
+        Case(
+            "create_sampling_session session_id int",
+            "POST",
+            f"{V1}/create_sampling_session",
+            ("session_id",),
+            json={"session_id": 5, "sampling_session_seq_id": 9, "base_model": BASE},
+        ),
+        Case(
+            "create_sampling_session base_model list",
+            "POST",
+            f"{V1}/create_sampling_session",
+            ("base_model",),
+            json={
+                "session_id": "{alice_session}",
+                "sampling_session_seq_id": 9,
+                "base_model": [1.0, {"a": None}],
+            },
+        ),
+        Case(
+            "create_model optimizer_config unknown type",
+            "POST",
+            f"{V1}/create_model",
+            ("optimizer_config",),
+            json={
+                "session_id": "{alice_session}",
+                "model_seq_id": 78,
+                "base_model": BASE,
+                "optimizer_config": {"type": "\x175"},
+            },
+        ),
+        Case(
+            "tinker_save_external bad age recipient",
+            "POST",
+            f"{MODEL}/tinker_save_external",
+            ("age_encryption_recipients",),
+            json={"name": "n1", "age_encryption_recipients": ["a\u00f4r"]},
+        ),
         # Starlette's plain-text "Not Found" for a path no route matches (an id holding '/')
         Case("samplers id with a slash", "GET", f"{V1}/samplers/a%2Fb", ("path",), status=404),
         Case(

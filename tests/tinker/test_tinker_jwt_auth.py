@@ -127,18 +127,11 @@ def test_tinker_auth_login_checks_a_key_and_logout_cannot_delete_it(live_server)
     assert still == described
 
 
-class _Store:
-    def __init__(self) -> None:
-        self.data: dict = {}
-
-    def update(self, key, fn):
-        self.data[key] = fn(self.data.get(key))
-        return self.data[key]
-
-
 class _State:
     def __init__(self) -> None:
-        self.store = _Store()
+        from twinkle.server.state import MemoryStore
+
+        self.store = MemoryStore("jwt:")
 
 
 def test_key_check_accepts_live_tokens_of_configured_keys_only():

@@ -298,3 +298,25 @@ def test_checkpoint_archive_url_of_the_older_sdks(live_server, alice, rest, serv
         config = json.loads(tar.extractfile("adapter_config.json").read())
     assert {"adapter_config.json", "adapter_model.safetensors"} <= names
     assert config["r"] == 4
+
+
+def test_a_refused_signature_before_anything_was_signed_creates_no_secret():
+    """A forged download URL or token reaching a server that never signed anything is refused
+    and leaves the state as it was (the fuzzer saw the secret created by the refusal)."""
+    from twinkle.server.signing import SECRET_KEY, Signer, TokenInvalid
+    from twinkle.server.state import MemoryStore, ServerState
+    from twinkle.server.tinker.weights_external import UrlSigner
+
+    state = ServerState(MemoryStore("sign:"))
+    signer = Signer(state)
+    with pytest.raises(Exception, match="invalid download URL signature"):
+        UrlSigner(signer).verify("o/r/n/f", "9999999999", "forged", now=0.0)
+    assert signer.unsign("eyJ4IjoxfQ.forged") is None
+    with pytest.raises(TokenInvalid):
+        signer.verify_jwt("eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJ4IjoxfQ.sig")
+    assert state.store.get(SECRET_KEY) is None
+    assert not signer.check("data", "\u00f4")  # a non-ASCII signature is a no, not a TypeError
+    # Once something is signed, its signature checks and a wrong one does not.
+    token = signer.sign("payload")
+    assert signer.unsign(token) == "payload" and state.store.get(SECRET_KEY) is not None
+    assert not signer.check("payload", "\u00f4")

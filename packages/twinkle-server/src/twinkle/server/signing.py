@@ -73,6 +73,18 @@ class Signer:
         """The URL-safe HMAC-SHA256 of ``data``."""
         return b64url(hmac.new(self.secret(), data.encode(), hashlib.sha256).digest())
 
+    def check(self, data: str, signature: str) -> bool:
+        """Whether ``signature`` is this server's MAC of ``data``. Before anything was ever
+        signed there is no secret yet: the answer is no, and none is created, so that a refused
+        token or URL leaves the state as it was."""
+        if self._secret is None and self.state.store.get(SECRET_KEY) is None:
+            return False
+        try:  # bytes: compare_digest refuses non-ASCII strings with a TypeError
+            given = signature.encode("utf-8")
+        except (AttributeError, UnicodeEncodeError):
+            return False
+        return hmac.compare_digest(self.mac(data).encode(), given)
+
     def sign(self, payload: str) -> str:
         return b64url(payload.encode()) + "." + self.mac(payload)
 
@@ -83,7 +95,7 @@ class Signer:
             payload = unb64url(body).decode()
         except (ValueError, UnicodeDecodeError, binascii.Error):
             return None
-        return payload if hmac.compare_digest(self.mac(payload), signature) else None
+        return payload if self.check(payload, signature) else None
 
     def _sealing(self) -> AESGCM:
         # A key of its own for sealing (never the MAC key itself), derived from the secret.
@@ -125,7 +137,7 @@ class Signer:
             raise TokenInvalid("malformed token") from None
         if header != _JWT_HEADER or not isinstance(claims, dict):
             raise TokenInvalid("token not issued by this server")
-        if not hmac.compare_digest(self.mac(f"{head}.{body}"), signature):
+        if not self.check(f"{head}.{body}", signature):
             raise TokenInvalid("token signature is not valid")
         expires = claims.get("exp")
         if not isinstance(expires, (int, float)) or expires <= (

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from twinkle.server.state.errors import ConflictError, NotFoundError
+from twinkle.server.state.errors import BadRequestError, ConflictError, NotFoundError
 from twinkle.server.state.paths import validate_id
 from twinkle.server.state.store import KVStore
 
@@ -32,6 +32,14 @@ class StateBase:
     def __init__(self, store: KVStore, clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.clock = clock
+
+    @staticmethod
+    def _text_id(value: Any, field: str) -> str:
+        """``value`` when it is a string; a 400 naming ``field`` otherwise (a JSON number, list
+        or boolean where an id belongs must not reach the key's concatenation as a 500)."""
+        if not isinstance(value, str):
+            raise BadRequestError(f"{field} must be a string, got {type(value).__name__}")
+        return value
 
     def _load(self, key: str, model: type[R], owner: str, what: str) -> R:
         """The record at ``key`` if ``owner`` owns it; another owner's record is "not found"."""

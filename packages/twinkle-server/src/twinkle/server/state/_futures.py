@@ -73,7 +73,9 @@ class FuturesMixin(StateBase):
 
     def get_future(self, owner: str, request_id: str) -> FutureRecord:
         """``owner``'s future, or :class:`NotFoundError`."""
-        return self._load(FUTURE + request_id, FutureRecord, owner, "future")
+        return self._load(
+            FUTURE + self._text_id(request_id, "request_id"), FutureRecord, owner, "future"
+        )
 
     def _finish(self, owner: str, request_id: str, **fields: Any) -> FutureRecord:
         finished_at = self.clock()  # read here: the update may run in the store's process
@@ -85,7 +87,9 @@ class FuturesMixin(StateBase):
                 {**record.model_dump(), **fields, "finished_at": finished_at}
             )
 
-        return self._modify(FUTURE + request_id, FutureRecord, owner, "future", finish)
+        return self._modify(
+            FUTURE + self._text_id(request_id, "request_id"), FutureRecord, owner, "future", finish
+        )
 
     def complete_future(
         self,

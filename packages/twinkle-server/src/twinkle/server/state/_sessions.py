@@ -41,7 +41,9 @@ class SessionsMixin(StateBase):
 
     def get_session(self, owner: str, session_id: str) -> SessionRecord:
         """``owner``'s session, or :class:`NotFoundError`."""
-        return self._load(SESSION + session_id, SessionRecord, owner, "session")
+        return self._load(
+            SESSION + self._text_id(session_id, "session_id"), SessionRecord, owner, "session"
+        )
 
     def heartbeat(self, owner: str, session_id: str) -> SessionRecord:
         """Record a heartbeat; a finished session raises :class:`GoneError` (HTTP 410)."""
@@ -51,7 +53,9 @@ class SessionsMixin(StateBase):
                 raise GoneError("session is finished")
             return record.model_copy(update={"last_heartbeat": self.clock()})
 
-        return self._modify(SESSION + session_id, SessionRecord, owner, "session", beat)
+        return self._modify(
+            SESSION + self._text_id(session_id, "session_id"), SessionRecord, owner, "session", beat
+        )
 
     def finish_session(self, owner: str, session_id: str) -> SessionRecord:
         """Mark the session finished (idempotent)."""
@@ -118,7 +122,9 @@ class SessionsMixin(StateBase):
 
     def get_run(self, owner: str, run_id: str) -> TrainingRunRecord:
         """``owner``'s training run, or :class:`NotFoundError`."""
-        return self._load(RUN + run_id, TrainingRunRecord, owner, "training run")
+        return self._load(
+            RUN + self._text_id(run_id, "run_id"), TrainingRunRecord, owner, "training run"
+        )
 
     def list_runs(
         self, owner: str, limit: int = 20, offset: int = 0
@@ -146,7 +152,9 @@ class SessionsMixin(StateBase):
         def change(record: TrainingRunRecord) -> TrainingRunRecord:
             return TrainingRunRecord.model_validate({**record.model_dump(), **fields})
 
-        return self._modify(RUN + run_id, TrainingRunRecord, owner, "training run", change)
+        return self._modify(
+            RUN + self._text_id(run_id, "run_id"), TrainingRunRecord, owner, "training run", change
+        )
 
     # -- sampling sessions ----------------------------------------------------------------------
     def create_sampling_session(
@@ -177,5 +185,8 @@ class SessionsMixin(StateBase):
     def get_sampling_session(self, owner: str, sampling_session_id: str) -> SamplingSessionRecord:
         """``owner``'s sampling session, or :class:`NotFoundError`."""
         return self._load(
-            SAMPLING + sampling_session_id, SamplingSessionRecord, owner, "sampling session"
+            SAMPLING + self._text_id(sampling_session_id, "sampling_session_id"),
+            SamplingSessionRecord,
+            owner,
+            "sampling session",
         )

@@ -98,7 +98,8 @@ def _training_routes(router: APIRouter, api: TinkerApi) -> None:
         optimizer = optimizer_config.get("type", "adamw")
         if optimizer != "adamw":
             raise BadRequest(
-                f"optimizer {optimizer!r} is not supported; this server trains with adamw"
+                f"optimizer_config.type {optimizer!r} is not supported; this server trains with"
+                " adamw"
             )
         config = convert.lora_config(body.get("lora_config"))
         max_rank = api.backends.max_lora_rank.get(base_model)

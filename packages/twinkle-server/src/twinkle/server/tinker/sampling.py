@@ -41,6 +41,8 @@ def sampling_routes(router: APIRouter, api: TinkerApi) -> None:
             base_model, path = facts.base_model, facts.path
         if not base_model:
             raise BadRequest("create_sampling_session needs base_model or model_path")
+        if not isinstance(base_model, str):
+            raise BadRequest(f"base_model must be a string, got {type(base_model).__name__}")
         api.backends.sampler(base_model)
         sid = f"{session_id}:sample:{seq}"
         try:

@@ -47,7 +47,7 @@ def age_recipients(recipients: list[str]) -> list[Any]:
                 parsed.append(pyrage.ssh.Recipient.from_str(r))
         except Exception as exc:  # noqa: BLE001 - pyrage.RecipientError and parse errors
             raise BadRequest(
-                f"age recipient {r[:24]!r}... is not an age or SSH key: {exc}"
+                f"age_encryption_recipients: {r[:24]!r}... is not an age or SSH key: {exc}"
             ) from None
     return parsed
 
