@@ -18,7 +18,7 @@ from redis.retry import Retry
 from twinkle.server.config import parse_config
 from twinkle.server.local import build_local_server
 from twinkle.server.state import MemoryStore, RedisStore, ServerState
-from twinkle.server.state._futures import ORPHANED
+from twinkle.server.state._futures import ORPHANED, ORPHANED_STATEFUL
 from twinkle.server.state.errors import StoreUnavailableError
 from twinkle.server.tinker.futures import TinkerFutures
 
@@ -127,18 +127,26 @@ def test_a_resubmission_reaching_a_new_gateway_process_answers_the_first_future(
     assert second.find("bob", [("idem", "k1")]) is None
 
 
-def test_a_resubmission_of_a_future_orphaned_by_its_dead_process_runs_again():
+def test_a_resubmission_of_a_future_orphaned_by_its_dead_process_runs_again_if_it_is_a_read():
     state = ServerState(MemoryStore("dedupe-orphan:"))
     state.store.put(
         "instance/gw-dead",
         {"host": socket.gethostname(), "pid": os.getpid(), "start": "0", "renewed_at": 0.0},
     )
-    orphan = state.create_future("alice", "optim_step", "m", instance="gw-dead")
+    orphan = state.create_future("alice", "sample", "m", instance="gw-dead")
     state.remember_submission("alice", ("idem", "k2"), orphan.request_id)
-    # The first submission can never finish: the retry must run, not wait on it.
+    # The first submission can never finish and changed nothing: the retry must run.
     assert TinkerFutures(state).find("alice", [("idem", "k2")]) is None
     record = state.get_future("alice", orphan.request_id)
     assert record.status == "error" and record.error.message == ORPHANED
+    # An orphaned training call may have run on its model replica after its gateway died: the
+    # resubmission answers the failure (reload from a checkpoint), never a second step.
+    step = state.create_future("alice", "optim_step", "m", instance="gw-dead")
+    state.remember_submission("alice", ("idem", "k4"), step.request_id)
+    assert TinkerFutures(state).find("alice", [("idem", "k4")]) == step.request_id
+    record = state.get_future("alice", step.request_id)
+    assert record.status == "error" and record.error.message == ORPHANED_STATEFUL
+    assert "may have run" in record.error.message and "checkpoint" in record.error.message
     # A failure of the call itself is an answer, not a reason to run it again.
     failed = state.create_future("alice", "optim_step", "m", instance="gw-dead")
     state.fail_future("alice", failed.request_id, "bad input", category="user")

@@ -28,9 +28,18 @@ FUTURE = "future/"
 INSTANCE = "instance/"
 DEDUPE = "dedupe/"
 LEASE_TTL_S = 30.0
+#: Calls that change nothing on the model (``kind`` of their future): an orphaned one may run
+#: again. Any other call may have run on its model replica after the gateway running its future
+#: died (a Serve call is not cancelled with its caller), so running it again could apply it twice.
+RERUNNABLE_KINDS = frozenset({"sample", "forward_only"})
 ORPHANED = (
     "the server process running this request stopped (restarted or killed) before it finished; "
     "it did not complete here: resubmit it"
+)
+ORPHANED_STATEFUL = (
+    "the server process running this request stopped (restarted or killed) before its outcome "
+    "was recorded; the model may have run it, so resubmitting it could run it twice: reload the "
+    "model from its newest checkpoint"
 )
 UNRECORDED = (
     "this request's outcome could not be recorded ({why}): it may have run, so resubmitting it "
@@ -151,9 +160,13 @@ class FuturesMixin(StateBase):
         return self.clock() - float(lease.get("renewed_at", 0.0)) <= ttl_s
 
     def fail_orphaned_future(
-        self, owner: str, request_id: str, message: str = ORPHANED
+        self, owner: str, request_id: str, message: str | None = None
     ) -> FutureRecord:
-        """Fail a pending future whose task is gone (a finished one is returned as is)."""
+        """Fail a pending future whose task is gone (a finished one is returned as is), by
+        default saying whether it may be resubmitted (:data:`RERUNNABLE_KINDS`) or not."""
+        if message is None:
+            kind = self.get_future(owner, request_id).kind
+            message = ORPHANED if kind in RERUNNABLE_KINDS else ORPHANED_STATEFUL
         try:
             return self.fail_future(owner, request_id, message, category="server")
         except ConflictError:  # it finished after all (a late write of its instance)
@@ -169,9 +182,10 @@ class FuturesMixin(StateBase):
         self.store.put(self._dedupe_key(owner, key), {"request_id": request_id, "at": self.clock()})
 
     def find_submission(self, owner: str, key: tuple) -> str | None:
-        """The future of an earlier submission of ``key`` that is done, failed for its own
-        reasons, or still running in a live process; ``None`` when there is none (or it was
-        orphaned by its process's death: then the resubmission must run)."""
+        """The future of an earlier submission of ``key`` that is done, failed, or still running
+        in a live process; ``None`` when there is none, or when it was a call that changes nothing
+        (:data:`RERUNNABLE_KINDS`) orphaned by its process's death: then the resubmission runs. An
+        orphaned training call answers its failure instead (it may have run on the model)."""
         raw = self.store.get(self._dedupe_key(owner, key))
         if raw is None:
             return None
