@@ -14,17 +14,34 @@ import time
 from pathlib import Path
 
 import numpy as np
-from load_mixed import BASE, KINDS, Recorder, build_server, keys, tinker_tenant, twinkle_tenant
+from load_mixed import (
+    BASE,
+    KINDS,
+    Recorder,
+    build_server,
+    keys,
+    server_config,
+    tinker_tenant,
+    twinkle_tenant,
+)
 
 SCRIPT = Path(__file__).resolve().with_name("load_mixed.py")
 
 
 def serve(storage: str, port: int, tenants: int, limits: dict) -> None:
-    """The child process of the soak: the server, alone, so that its resources are its own."""
+    """The child process of the soak: the server, alone, so that its resources are its own, with
+    the background work ``twinkle-server launch --local`` runs (session expiry, checkpoint TTLs
+    and snapshot sweep, futures purge, idle-adapter sweep), as a deployment would."""
     import uvicorn
 
+    from twinkle.server.config import parse_config
+    from twinkle.server.local import maintain_forever
+    from twinkle.server.web import StartOnFirstRequest
+
     server = build_server(storage, tenants, limits)
-    uvicorn.run(server.app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    config = parse_config(server_config(storage, tenants, limits))
+    app = StartOnFirstRequest(server.app, start=lambda: maintain_forever(server, config))
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
 
 
 @contextlib.contextmanager
