@@ -9,21 +9,13 @@ pytest.importorskip("megatron.core", reason="megatron-core is not installed")
 
 import torch  # noqa: E402
 
+from tests.megatron._equivalence import TENANTS, make_batch  # noqa: E402
 from twinkle.errors import InvalidArgumentError  # noqa: E402
 from twinkle.hub import load_config  # noqa: E402
 from twinkle.model.lora import RowRoute  # noqa: E402
 from twinkle.model.megatron import _build, _moe  # noqa: E402
 
 MOE = "tiny://qwen3-moe"
-TENANTS = {"a": (4, 1), "b": (8, 2)}  # name: (rank, seed): heterogeneous ranks
-
-
-def make_batch(rows, seq, seed):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(10, 4000, (rows, seq), generator=g)
-    labels = ids.clone()
-    labels[:, :3] = -100
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ import pytest
 
 pytest.importorskip("megatron.core", reason="megatron-core is not installed")
 
-import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
+from tests.megatron._equivalence import make_batch  # noqa: E402
 from twinkle.errors import InvalidArgumentError  # noqa: E402
 from twinkle.server.tinker.convert import lora_config  # noqa: E402
 
@@ -25,14 +25,6 @@ def tenants():
     a = {**lora_config({"rank": 4}), "lora_alpha": 8}
     assert "lm_head" in a["target_modules"]
     return {"a": (a, 1), "b": ({"r": 8, "lora_alpha": 16, "target_modules": "all-linear"}, 2)}
-
-
-def make_batch(rows, seq, seed):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(10, 4000, (rows, seq), generator=g)
-    labels = ids.clone()
-    labels[:, :3] = -100
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
 
 
 def train(model, out_dir):
