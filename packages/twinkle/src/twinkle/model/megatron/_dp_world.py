@@ -8,7 +8,8 @@ rows through its tp x pp model, then each tenant's gradients are scaled by the r
 of that tenant's normaliser (tokens, rows, ... of the combined batch) and all-reduced over the
 dp group: :class:`twinkle.parallel._worker.ReplicaWorker`'s synchronisation, reused as is, with
 its collectives on megatron's dp group instead of the whole world. Every replica then holds the
-same gradients, so clipping and Adam stay replicated; other calls (``forward_only``, the
+same gradients, so clipping and the Adam step agree over dp (each replica's tp group shards its
+moments); other calls (``forward_only``, the
 ``forward``/``backward`` path, optimizer steps, checkpoints) run the same request on every
 replica, which gives every replica the same result.
 

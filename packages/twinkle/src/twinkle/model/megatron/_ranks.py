@@ -25,8 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: Methods that write files: run on the answering rank alone (every tp rank holds the same
-#: adapters). Under pp ``save`` runs on every rank: the stages gather their layers, one writes.
+#: adapters). Under pp ``save`` runs on every rank: the stages gather their layers, one writes;
+#: under tp the other ranks join the gather of the sharded optimizer state (``_join_save``).
 RANK0_ONLY = frozenset({"save", "upload_to_hub"})
+#: Methods whose small per-rank answers every rank sends back (the others: the answering ranks').
+EVERY_RANK = frozenset({"computed_rows", "optimizer_state_numel"})
 #: The message that runs one dp replica's rows of a ``forward_backward_many``.
 DP_FORWARD_BACKWARD = "__dp_forward_backward_many"
 #: Seconds a worker may take to build its model or answer one call before the driver gives up.
@@ -46,6 +49,7 @@ class Rank:
     answer: int  # the rank whose results the driver answers
     answers: list[int] = field(default_factory=list)  # the ranks whose results are sent back
     pp: int = 1
+    tp: int = 1
     sync: Any = None  # dp > 1: the replica's gradient synchronisation
 
 
@@ -79,7 +83,7 @@ def build_rank(rank: int, world: int, host: str, port: int, kwargs: dict) -> Ran
         from twinkle.model.megatron.multi_lora import MultiLoraMegatronModel
 
         model = MultiLoraMegatronModel(**kwargs)
-    state = Rank(rank, model, answer, answers, pp)
+    state = Rank(rank, model, answer, answers, pp, int(kwargs.get("tp_size", 1) or 1))
     if dp > 1:
         from megatron.core import parallel_state as ps
 
@@ -97,7 +101,9 @@ def run_call(state: Rank, name: str, args: tuple, kw: dict) -> tuple[bool, Any]:
             and state.rank != state.answer
             and not (state.pp > 1 and name == "save")
         ):
-            result = None
+            result = (
+                state.model._join_save(*args, **kw) if state.tp > 1 and name == "save" else None
+            )
         elif name == DP_FORWARD_BACKWARD:  # this replica's rows, gradients synchronised
             result = state.sync.forward_backward_many(*args, **kw)
         else:
@@ -106,7 +112,7 @@ def run_call(state: Rank, name: str, args: tuple, kw: dict) -> tuple[bool, Any]:
                 raise TypeError(f"{name} returns a context or callable; not remotable")
         if state.sync is not None:
             state.sync._wrap_losses()  # a new tenant's loss records its shard statistics
-        return True, (result if state.rank in state.answers else None)
+        return True, (result if state.rank in state.answers or name in EVERY_RANK else None)
     except BaseException as exc:  # the driver re-raises it
         return False, portable(exc)
 

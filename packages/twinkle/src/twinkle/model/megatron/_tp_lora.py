@@ -18,9 +18,9 @@ into the base layer's all-reduce would save the latency, not the bytes, and need
 linear internals; not done.
 
 Gradients of the sliced weight (``B`` of column, ``A`` of row) are all-gathered in backward
-(:class:`_Shard`), so every rank's ``.grad`` is the whole gradient: clipping, Adam state and the
-saved checkpoint are identical on every rank, and rank 0 writes the checkpoint alone. The cost
-is replicated adapter optimizer state (tiny next to the sharded base weights).
+(:class:`_Shard`), so every rank's ``.grad`` is the whole gradient: clipping and the saved
+adapter are identical on every rank, and rank 0 writes the checkpoint alone. The Adam moments
+are not replicated: each rank keeps its chunk of them (:mod:`~twinkle.model.megatron._tp_optim`).
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import Any
 
@@ -10,7 +11,7 @@ import torch
 from twinkle.errors import InvalidArgumentError
 from twinkle.hub import load_config, resolve_model_dir
 from twinkle.model.lora import LoraRouter, adapter_spec_from_config
-from twinkle.model.megatron import _build, _moe
+from twinkle.model.megatron import _build, _moe, _tp_optim
 from twinkle.model.megatron._model import MegatronCausalLM
 from twinkle.model.options import ExecutionOptions, resolve_options
 from twinkle.model.transformers.multi_lora import MultiLoraTransformersModel
@@ -18,6 +19,7 @@ from twinkle.model.transformers.multi_lora import MultiLoraTransformersModel
 #: The optimizers this backend accepts (the seed: "Megatron backend: Adam only").
 #: ``'default'`` is Megatron's default optimizer, Adam.
 ADAM_FAMILY = {"default": "Adam", "Adam": "Adam", "AdamW": "AdamW"}
+_SHARDED_TYPES = tuple(_tp_optim.SHARDED.values())
 #: The HF name of the output layer, which peft would adapt when a selector names it.
 OUTPUT_LAYER = "lm_head"
 
@@ -183,8 +185,67 @@ class MultiLoraMegatronModel(MultiLoraTransformersModel):
                 f"backend 'megatron' supports Adam optimizers only ('default', 'Adam', 'AdamW'), "
                 f"got {getattr(optimizer, '__name__', optimizer)!r}"
             )
-        super().set_optimizer(ADAM_FAMILY[name], adapter_name=adapter_name, **kwargs)
+        family = ADAM_FAMILY[name]
+        # tp > 1: each rank keeps its chunk of the tenant's Adam moments (``_tp_optim``).
+        cls = _tp_optim.SHARDED[family] if self.tp_size > 1 else family
+        super().set_optimizer(cls, adapter_name=adapter_name, **kwargs)
         self.tenant(adapter_name).optimizer_config["name"] = name  # resume rebuilds 'default'
+
+    def optimizer_state_numel(self, adapter_name: str | None = None) -> int:
+        """Elements of the tenant's Adam moments this process holds (``1/tp`` of the
+        adapter's twice under tensor parallel; 0 before its first step)."""
+        optimizer = self.tenant(adapter_name).optimizer
+        if optimizer is None:
+            return 0
+        if isinstance(optimizer, _SHARDED_TYPES):
+            return optimizer.state_numel()
+        return sum(
+            value.numel()
+            for entry in optimizer.state.values()
+            for key, value in entry.items()
+            if key in ("exp_avg", "exp_avg_sq")
+        )
+
+    def save(
+        self,
+        name: str,
+        output_dir: Any = None,
+        save_optimizer: bool = False,
+        consumed_train_samples: int | None = None,
+        adapter_name: str | None = None,
+        **kwargs: Any,
+    ) -> str:
+        """As the transformers backend's; under tp the sharded optimizer state is gathered
+        first, with every other rank in :meth:`_join_save`."""
+        with self._whole_optimizer_state(adapter_name, save_optimizer):
+            return super().save(
+                name,
+                output_dir=output_dir,
+                save_optimizer=save_optimizer,
+                consumed_train_samples=consumed_train_samples,
+                adapter_name=adapter_name,
+                **kwargs,
+            )
+
+    def _join_save(
+        self,
+        name: str,
+        output_dir: Any = None,
+        save_optimizer: bool = False,
+        consumed_train_samples: int | None = None,
+        adapter_name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """``save`` on a tp rank that does not write (``save``'s signature): its part of the
+        gather of the sharded optimizer state."""
+        with self._whole_optimizer_state(adapter_name, save_optimizer):
+            pass
+
+    def _whole_optimizer_state(self, adapter_name: str | None, save_optimizer: bool):
+        optimizer = self.tenant(adapter_name).optimizer
+        if save_optimizer and isinstance(optimizer, _SHARDED_TYPES):
+            return optimizer.gathered()
+        return contextlib.nullcontext()
 
 
 __all__ = ["MultiLoraMegatronModel"]

@@ -215,6 +215,11 @@ class ParallelMegatronModel:
             "computed_rows", [("computed_rows", (), {})] * self.world, list(range(self.world))
         )
 
+    def optimizer_state_numel(self, adapter_name: str | None = None) -> list[int]:
+        """Each rank's elements of the tenant's Adam moments (sharded over each tp group)."""
+        message = ("optimizer_state_numel", (), {"adapter_name": adapter_name})
+        return self._run("optimizer_state_numel", [message] * self.world, list(range(self.world)))
+
     def forward_backward(self, inputs: Any, adapter_name: str | None = None, **kwargs: Any):
         if self.dp_size == 1:
             return self.call("forward_backward", inputs, adapter_name=adapter_name, **kwargs)
