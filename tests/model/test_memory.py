@@ -91,3 +91,61 @@ def test_a_local_model_applies_the_replicas_process_settings(options, expected):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == expected
+
+
+RELEASE_PROBE = textwrap.dedent(
+    """
+    import ctypes
+    from twinkle.model.memory import keep_freed_memory, release_freed_memory
+
+    def rss_mib():
+        fields = dict(l.split(":", 1) for l in open("/proc/self/status").read().splitlines())
+        return int(fields["VmRSS"].split()[0]) / 1024
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    applied = keep_freed_memory()
+    base = rss_mib()
+    blocks = [libc.malloc(1 << 20) for _ in range(256)]  # 256 MiB, touched
+    for b in blocks:
+        ctypes.memset(b, 1, 1 << 20)
+    keep = libc.malloc(64)  # in use above the freed blocks: the heap's top cannot shrink
+    for b in blocks:
+        libc.free(b)
+    kept = rss_mib() - base
+    released = release_freed_memory()
+    print(applied, released, round(kept), round(rss_mib() - base))
+    """
+)
+
+
+def test_release_hands_the_kept_free_pages_back():
+    """What the model replicas run between tasks at each adapter sweep: the freed memory the
+    raised thresholds keep is returned, so a long-running server's RSS does not creep."""
+    out = subprocess.run(
+        [sys.executable, "-c", RELEASE_PROBE],
+        env={**os.environ, "TWINKLE_MALLOC_TUNING": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.split()
+    assert out[:2] == ["True", "True"]
+    kept, after = int(out[2]), int(out[3])
+    assert kept >= 200  # freed, yet kept in the process
+    assert after <= 32  # handed back
+
+
+def test_release_is_a_no_op_without_the_tuning():
+    code = "from twinkle.model.memory import release_freed_memory; print(release_freed_memory())"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "TWINKLE_MALLOC_TUNING": "0"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert out.stdout.strip() == "False"

@@ -15,6 +15,12 @@ replicas apply it, and a model built for local training applies it as well
 its steps as a replica does (measured faster: docs/performance.md, "Local training").
 ``ExecutionOptions.malloc_tuning`` (default from ``TWINKLE_MALLOC_TUNING``; ``0`` turns it off)
 decides. It is a no-op on other C libraries and platforms.
+
+A server runs for days while adapters come and go, so the kept memory must not creep:
+:func:`release_freed_memory` (``malloc_trim(0)``) hands the whole free pages inside the heaps
+back to the OS. The model replicas call it between tasks at each adapter sweep (at most every
+30 s), so the cost, one step's page faults after each release, is paid a few times a minute at
+most (the soak's figures: docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ TRIM_THRESHOLD = 1 << 30
 
 _lock = threading.Lock()
 _applied: bool | None = None  # None: not tried yet
+_libc: ctypes.CDLL | None = None
 
 
 def keep_freed_memory(enabled: bool | None = None) -> bool:
@@ -66,11 +73,25 @@ def _apply() -> bool:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
         return False
+    global _libc
+    _libc = libc
     mallopt = libc.mallopt
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and (
         mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
     )
+
+
+def release_freed_memory() -> bool:
+    """Hand the free pages of the process's heaps back to the OS (``malloc_trim(0)``), where
+    :func:`keep_freed_memory` is in effect (without it glibc trims by itself); whether it ran.
+    Call it between steps: the next step faults the pages in again."""
+    if not _applied or _libc is None:
+        return False
+    trim = _libc.malloc_trim
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+    return True
 
 
 def apply_process_options(options: ExecutionOptions) -> None:

@@ -244,6 +244,10 @@ class FairScheduler:
                 task, started - task.enqueued_at, time.monotonic() - started, error is None
             )
 
+    async def between_tasks(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the model thread between two tasks (never beside one)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
     def close(self) -> None:
         if self._worker is not None:
             self._worker.cancel()
