@@ -12,7 +12,24 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from twinkle.loss.base import Loss, LossOutput
+
 TENANTS = {"a": (4, 1), "b": (8, 2)}  # name: (rank, seed): heterogeneous ranks
+MARK = 5  # a token make_batch never draws (it draws 10..3999)
+
+
+class MarkedNanLoss(Loss):
+    """Token-mean cross entropy, NaN on a batch holding a ``MARK`` target: a loss that fails on
+    one rank's rows alone. Importable, so spawned worker ranks unpickle it."""
+
+    name = "marked_nan"
+
+    def __call__(self, inputs):
+        n = int(inputs.mask.sum())
+        loss = -(inputs.logprobs * inputs.mask).sum() / max(n, 1)
+        if bool((inputs.target_tokens == MARK).any()):
+            loss = loss * float("nan")
+        return LossOutput(loss, n, {})
 
 
 def make_batch(rows, seq, seed):

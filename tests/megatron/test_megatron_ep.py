@@ -2,11 +2,15 @@
 of the rows, megatron's all-to-all moves the tokens to their experts and back, and the dense
 adapters' gradients are all-reduced over the dp group. Equal to the transformers backend."""
 
+import time
+
 import pytest
 
 pytest.importorskip("megatron.core", reason="megatron-core is not installed")
 
 from tests.megatron._equivalence import (  # noqa: E402
+    MARK,
+    MarkedNanLoss,
     assert_equals_reference,
     assert_rel_close,
     make_batch,
@@ -51,6 +55,17 @@ def test_ep2_rows_split_equals_the_transformers_backend(tmp_path):
             ep2.forward_backward(bad, adapter_name="b")
         assert [r for r, _ in ep2.computed_rows()] == rows  # nothing ran
         assert ep2.forward_backward(make_batch(2, 8, 7), adapter_name="b")["loss"] > 0
+        # A loss that fails after the forward on rank 1's row alone: every rank stops before
+        # its backward (whose all-to-alls would otherwise wait for rank 1 until the 600 s call
+        # timeout); rank 1's own error comes back, and the world still trains.
+        ep2.set_loss(MarkedNanLoss(), adapter_name="b")
+        marked = make_batch(2, 8, 8)
+        marked["input_ids"][1, 5] = marked["labels"][1, 5] = MARK
+        started = time.monotonic()
+        with pytest.raises(InvalidArgumentError, match="loss is not finite"):
+            ep2.forward_backward(marked, adapter_name="b")
+        assert time.monotonic() - started < 60
+        assert ep2.forward_backward(make_batch(2, 8, 9), adapter_name="a")["loss"] > 0
     assert_equals_reference((ref_losses[:4], ref_states, ref_saved), losses[:4], states, saved)
     assert losses[4] == pytest.approx(ref_losses[4], rel=1e-4)
     for key, want in ref_a.items():

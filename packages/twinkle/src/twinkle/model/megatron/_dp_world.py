@@ -23,7 +23,8 @@ expert-data-parallel group only", a group of 1 here) are frozen and take no grad
 The all-to-alls pair up across ranks, so every rank must run the same passes:
 :class:`ExpertRanksSync` checks each rank's rows before any rank starts (a rank that failed
 alone would leave its peers waiting in an all-to-all), makes every rank run a reference pass
-when one does, and each rank runs its rows as one pass.
+when one does, agrees again before the backward (a loss that failed on one rank's rows stops
+every rank), and each rank runs its rows as one pass.
 """
 
 from __future__ import annotations
@@ -89,7 +90,28 @@ class ExpertRanksSync(replica_worker.ReplicaWorker):
             )
         if float(flags[1]) > 0 and not reference:
             shards = _ask_reference(self.model, shards)
-        return super().forward_backward_many(shards, order)
+        # A failure after the pass's forward (a non-finite loss on this rank's rows alone)
+        # must stop every rank before its backward, whose all-to-alls would wait for this one.
+        self.model.pass_agreement = self._agree_before_backward
+        try:
+            return super().forward_backward_many(shards, order)
+        finally:
+            self.model.pass_agreement = None
+
+    def _agree_before_backward(self, failure: BaseException | None) -> None:
+        """One flag all-reduce over the expert ranks: raise this rank's failure, or a
+        ``PeerFailedError`` when another rank failed; nothing is backpropagated anywhere."""
+        import torch
+
+        flag = torch.tensor([float(failure is not None)], device=self.model.device)
+        replica_worker.dist.all_reduce(flag)
+        if failure is not None:
+            raise failure
+        if float(flag[0]) > 0:
+            raise replica_worker.PeerFailedError(
+                f"rank {self.rank}: another expert rank's loss failed before the backward; "
+                "nothing was applied"
+            )
 
 
 def _ask_reference(model: Any, shards: dict[str, Any]) -> dict[str, Any]:

@@ -3,7 +3,7 @@ own loss on its own rows, one backward into every tenant's adapter gradients."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -30,6 +30,7 @@ def fused_forward_backward(
     chunk_bytes: int | None = None,
     max_pass_tokens: int | None = None,
     split_batches: bool = False,
+    agree: Callable[[BaseException | None], None] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Forward, loss and backward of every batch, in as few base-model passes as the token
     budget allows.
@@ -52,6 +53,10 @@ def fused_forward_backward(
             them is taken on the whole batch, and a pass per chunk backpropagates that gradient,
             so any loss (sequence-level, grouped, paired) gets exactly the gradient of one pass,
             at one extra forward.
+        agree: Called before each whole pass's backward with this process's failure of its
+            forward or loss (``None``: none), by ranks whose backward passes must pair up
+            (megatron expert parallel): it raises when any rank failed, so either every rank
+            runs the backward or none does (``None``: a failure raises at once).
 
     Returns:
         ``{tenant name: {'loss', 'logprobs', 'num_tokens', 'metrics'}}``. Each tenant's ``.grad``
@@ -85,25 +90,28 @@ def fused_forward_backward(
     try:
         for pieces in plan:
             if pieces[0].whole:
-                idx = [p.index for p in pieces]
-                sub = [tenants[i] for i in idx]
-                with ctx():
-                    done = forward_batches(
+                failure = None
+                try:
+                    total = _whole_pass(
                         base_model,
                         router,
                         device,
-                        [batches[i] for i in idx],
-                        [losses[i] for i in idx],
-                        grad=True,
-                        chunk_bytes=chunk_bytes,
+                        batches,
+                        tenants,
+                        losses,
+                        pieces,
+                        states,
+                        ctx,
+                        chunk_bytes,
                     )
-                total = None
-                for state, tenant, i in zip(done, sub, idx):
-                    compute_loss(state, losses[i])
-                    scaled = state.loss_output.loss / tenant.gradient_accumulation_steps
-                    total = scaled if total is None else total + scaled
-                    states[i] = state
-                _refuse_non_finite(total, done)
+                except Exception as exc:
+                    if agree is None:
+                        raise
+                    failure = exc
+                if agree is not None:
+                    agree(failure)  # raises when any rank failed
+                if failure is not None:
+                    raise failure
             else:
                 i = pieces[0].index
                 if states[i] is not None:
@@ -140,6 +148,32 @@ def fused_forward_backward(
     for state, tenant in zip(states, tenants):
         record_train_metrics(tenant, state)
     return {state.batch.tenant: public_output(state) for state in states}
+
+
+def _whole_pass(
+    base_model, router, device, batches, tenants, losses, pieces, states, ctx, chunk_bytes
+) -> torch.Tensor:
+    """Forward and loss of the whole batches of one pass (their states into ``states``); the
+    total to backpropagate, refused when not finite."""
+    idx = [p.index for p in pieces]
+    with ctx():
+        done = forward_batches(
+            base_model,
+            router,
+            device,
+            [batches[i] for i in idx],
+            [losses[i] for i in idx],
+            grad=True,
+            chunk_bytes=chunk_bytes,
+        )
+    total = None
+    for state, i in zip(done, idx):
+        compute_loss(state, losses[i])
+        scaled = state.loss_output.loss / tenants[i].gradient_accumulation_steps
+        total = scaled if total is None else total + scaled
+        states[i] = state
+    _refuse_non_finite(total, done)
+    return total
 
 
 def _split_loss(
