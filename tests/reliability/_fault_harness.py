@@ -61,7 +61,9 @@ def redis_persistence(url: str, prefix: str) -> dict:
 class ServerProcess:
     """``twinkle-server launch --local`` in a child process, on a fixed port across relaunches."""
 
-    def __init__(self, tmp_path: Path, persistence: dict, max_loras: int = 8) -> None:
+    def __init__(
+        self, tmp_path: Path, persistence: dict, max_loras: int = 8, sampler: bool = False
+    ) -> None:
         self.tmp_path, self.port = tmp_path, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.storage = tmp_path / "storage"
@@ -91,6 +93,15 @@ class ServerProcess:
                 },
             ],
         }
+        if sampler:  # the torch sampler of the same model (the Tinker sampling clients')
+            config["applications"].append(
+                {
+                    "name": "sampler",
+                    "route_prefix": f"/api/v1/sampler/{BASE}",
+                    "import_path": "sampler",
+                    "args": {"model_id": "tiny://qwen3", "sampler_type": "torch"},
+                }
+            )
         self.config_path = tmp_path / "config.yaml"
         self.config_path.write_text(yaml.safe_dump(config))
         self.proc: subprocess.Popen | None = None

@@ -28,6 +28,8 @@ from twinkle.server.tinker.futures import TinkerFutures
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 
 from _fault_harness import (  # noqa: E402
+    BASE,
+    KEYS,
     NativeTenant,
     ServerProcess,
     TinkerTenant,
@@ -35,8 +37,11 @@ from _fault_harness import (  # noqa: E402
     file_persistence,
     finish,
     kill_mid_training,
+    pending_owners,
     redis_persistence,
     start_tenants,
+    tenant_of,
+    wait_until,
 )
 from inprocess import client as inprocess_client  # noqa: E402
 from inprocess import local_server  # noqa: E402
@@ -243,3 +248,66 @@ def test_disk_full_mid_checkpoint_keeps_the_previous_one_and_lists_no_broken_one
     run_dir = tmp_path / "storage"
     leftovers = [p.name for p in run_dir.rglob("*") if p.is_dir() and ".tmp-" in p.name]
     assert leftovers == [] and not any(p.name == "broken" for p in run_dir.rglob("*"))
+
+
+@pytest.mark.integration
+def test_a_sample_in_flight_through_a_whole_server_kill_is_resubmitted_by_the_sdk(tmp_path):
+    """The unmodified tinker SDK's sampling client rides a SIGKILL of the whole server out by
+    itself: its sample's future is orphaned by the kill, the relaunched server answers it 410
+    (a sample changes nothing, so running it again is safe), and the SDK sends the same sample
+    again; the caller just gets its sequences. (The in-process version with a simulated dead
+    process: tests/tinker/test_tinker_orphaned_sample.py.)"""
+    import threading
+
+    import tinker
+    from tinker import types
+
+    from twinkle_client import init_tinker_client
+
+    init_tinker_client()
+    server = ServerProcess(tmp_path, file_persistence(tmp_path), sampler=True)
+    server.start()
+    try:
+        service = tinker.ServiceClient(base_url=server.url, api_key=KEYS[0])
+        training = service.create_lora_training_client(base_model=BASE, rank=4).result(timeout=120)
+        path = training.save_weights_for_sampler("before-kill").result(timeout=120).path
+        sampler = service.create_sampling_client(model_path=path)
+        # Long enough (many tokens, several sequences) that the kill finds it running.
+        params = types.SamplingParams(max_tokens=400, temperature=1.0, seed=3)
+        prompt = types.ModelInput.from_ints([11, 200, 3000, 45])
+        outcome: dict = {}
+
+        def sample() -> None:
+            try:
+                outcome["result"] = sampler.sample(
+                    prompt=prompt, num_samples=8, sampling_params=params
+                ).result(timeout=300)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=sample, daemon=True)
+        thread.start()
+        store = server.store()
+        wait_until(lambda: tenant_of(KEYS[0]) in pending_owners(store), 60, "the sample pending")
+        (orphan,) = [k for k, v in store.scan("future/") if v.get("status") == "pending"]
+        killed = time.monotonic()
+        server.kill()
+        server.start()
+        thread.join(timeout=300)
+        answered_s = time.monotonic() - killed
+        assert not thread.is_alive(), "the sample never answered"
+        assert "error" not in outcome, outcome.get("error")
+        sequences = outcome["result"].sequences
+        assert len(sequences) == 8 and all(s.tokens for s in sequences)
+        # The first submission ended as orphaned; the SDK's own second one ran.
+        futures = dict(store.scan("future/"))
+        assert futures[orphan]["status"] == "error"
+        ran = [v for k, v in futures.items() if k != orphan and v.get("kind") == "sample"]
+        assert any(v.get("status") == "done" for v in ran), futures
+        print(
+            f"\n[fault] sample in flight through a whole-server SIGKILL (file): resubmitted by "
+            f"the SDK, answered {answered_s:.1f} s after the kill (relaunch "
+            f"{server.starts[-1]:.1f} s)"
+        )
+    finally:
+        server.stop()
