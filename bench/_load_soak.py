@@ -28,24 +28,32 @@ from load_mixed import (
 SCRIPT = Path(__file__).resolve().with_name("load_mixed.py")
 
 
-def serve(storage: str, port: int, tenants: int, limits: dict) -> None:
+def serve(storage: str, port: int, tenants: int, limits: dict, future_ttl_s: float) -> None:
     """The child process of the soak: the server, alone, so that its resources are its own, with
     the background work ``twinkle-server launch --local`` runs (session expiry, checkpoint TTLs
-    and snapshot sweep, futures purge, idle-adapter sweep), as a deployment would."""
+    and snapshot sweep, futures purge, idle-adapter sweep), as a deployment would.
+
+    Its state store is in memory, so every finished Tinker future (its result included) stays
+    in the process's RSS for ``future_ttl_s``: with the default hour that window fills for
+    longer than a soak runs and reads as a steady climb. The soak keeps them ``future_ttl_s``
+    (60 s by default, shorter than the warm-up), so what it measures after the warm-up is what a
+    deployment holds once its window is full."""
     import uvicorn
 
     from twinkle.server.config import parse_config
     from twinkle.server.local import maintain_forever
     from twinkle.server.web import StartOnFirstRequest
 
-    server = build_server(storage, tenants, limits)
-    config = parse_config(server_config(storage, tenants, limits))
+    server = build_server(storage, tenants, limits, future_ttl_s)
+    config = parse_config(server_config(storage, tenants, limits, future_ttl_s))
     app = StartOnFirstRequest(server.app, start=lambda: maintain_forever(server, config))
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
 
 
 @contextlib.contextmanager
-def child_server(storage: str, tenants: int, limits: dict, timeout_s: float = 180.0):
+def child_server(
+    storage: str, tenants: int, limits: dict, future_ttl_s: float = 60.0, timeout_s: float = 180.0
+):
     """Yields ``(url, pid)`` of a server in a child process; stops it after."""
     import httpx
     from live import free_port
@@ -64,6 +72,7 @@ def child_server(storage: str, tenants: int, limits: dict, timeout_s: float = 18
     command += ["--rps-limit", str(limits.get("rps_limit") or 0)]
     command += ["--tps-limit", str(limits.get("tps_limit") or 0)]
     command += ["--key-rps-limit", str(limits.get("rps_limit_per_key") or 0)]
+    command += ["--future-ttl-s", str(future_ttl_s)]
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
@@ -165,7 +174,7 @@ def run_soak(args, limits: dict):
     init_tinker_client()
     rec = Recorder()
     with tempfile.TemporaryDirectory() as storage:
-        with child_server(storage, args.tenants, limits) as (url, pid):
+        with child_server(storage, args.tenants, limits, args.future_ttl_s) as (url, pid):
             started = time.monotonic()
             deadline = started + args.soak_minutes * 60
             threads = [
@@ -193,6 +202,7 @@ def run_soak(args, limits: dict):
         "record": "soak_summary",
         "minutes": args.soak_minutes,
         "tenants": args.tenants,
+        "future_ttl_s": args.future_ttl_s,
         "samples_after_warmup": len(steady),
         "cycles": {k.split(":", 1)[1]: n for k, n in rec.steps.items() if ":" in k},
         "steps": sum(n for k, n in rec.steps.items() if ":" not in k),

@@ -57,13 +57,18 @@ def keys(n: int) -> list[str]:
     return [f"load-key-{i:02d}" for i in range(n)]
 
 
-def server_config(storage: str, tenants: int, limits: dict) -> dict:
+def server_config(
+    storage: str, tenants: int, limits: dict, future_ttl_s: float | None = None
+) -> dict:
     """Gateway, model and sampler of the tiny model; ``limits``: ``rps_limit`` and ``tps_limit``
-    per tenant on both queues, ``rps_limit_per_key`` on every route (None: unlimited)."""
+    per tenant on both queues, ``rps_limit_per_key`` on every route (None: unlimited);
+    ``future_ttl_s``: how long finished Tinker futures are kept (None: the default, 1 h)."""
     queue = {k: limits[k] for k in ("rps_limit", "tps_limit") if limits.get(k)}
     gateway = {"server_config": {"per_token_model_limit": 4, "supported_models": [BASE]}}
     if limits.get("rps_limit_per_key"):
         gateway["rps_limit_per_key"] = limits["rps_limit_per_key"]
+    if future_ttl_s is not None:
+        gateway["future_ttl_s"] = future_ttl_s
     slots = tenants + 4  # every tenant's adapter, plus room for the soak's overlapping cycles
     return {
         "auth": {"api_keys": keys(tenants)},
@@ -101,12 +106,12 @@ def server_config(storage: str, tenants: int, limits: dict) -> dict:
     }
 
 
-def build_server(storage: str, tenants: int, limits: dict):
+def build_server(storage: str, tenants: int, limits: dict, future_ttl_s: float | None = None):
     from twinkle.server.config import parse_config
     from twinkle.server.local import build_local_server
     from twinkle.server.state import MemoryStore
 
-    config = parse_config(server_config(storage, tenants, limits))
+    config = parse_config(server_config(storage, tenants, limits, future_ttl_s))
     return build_local_server(config, store=MemoryStore("load:"))
 
 
@@ -461,12 +466,18 @@ def main() -> None:
     parser.add_argument("--warmup-minutes", type=float, default=3.0)
     parser.add_argument("--sample-s", type=float, default=10.0)
     parser.add_argument("--cycle-steps", type=int, default=3)
+    parser.add_argument(
+        "--future-ttl-s",
+        type=float,
+        default=60.0,
+        help="soak: seconds finished futures are kept (the state is in the server's memory)",
+    )
     parser.add_argument("--serve", nargs=2, metavar=("STORAGE", "PORT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         from _load_soak import serve
 
-        serve(args.serve[0], int(args.serve[1]), args.tenants, limits(args))
+        serve(args.serve[0], int(args.serve[1]), args.tenants, limits(args), args.future_ttl_s)
         return
     if args.soak_minutes > 0:
         from _load_soak import run_soak
