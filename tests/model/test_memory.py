@@ -50,8 +50,13 @@ PROBE = textwrap.dedent(
 
 
 def _probe(**env: str) -> str:
+    return _run(PROBE, **env).strip()
+
+
+def _run(code: str, **env: str) -> str:
+    """The stdout of ``code`` in a fresh interpreter with ``env`` added."""
     result = subprocess.run(
-        [sys.executable, "-c", PROBE],
+        [sys.executable, "-c", code],
         env={**os.environ, **env},
         capture_output=True,
         text=True,
@@ -124,14 +129,7 @@ RELEASE_PROBE = textwrap.dedent(
 def test_release_hands_the_kept_free_pages_back():
     """What the model replicas run between tasks at each adapter sweep: the freed memory the
     raised thresholds keep is returned, so a long-running server's RSS does not creep."""
-    out = subprocess.run(
-        [sys.executable, "-c", RELEASE_PROBE],
-        env={**os.environ, "TWINKLE_MALLOC_TUNING": "1"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout.split()
+    out = _run(RELEASE_PROBE, TWINKLE_MALLOC_TUNING="1").split()
     assert out[:2] == ["True", "True"]
     kept, after = int(out[2]), int(out[3])
     assert kept >= 200  # freed, yet kept in the process
@@ -140,12 +138,4 @@ def test_release_hands_the_kept_free_pages_back():
 
 def test_release_is_a_no_op_without_the_tuning():
     code = "from twinkle.model.memory import release_freed_memory; print(release_freed_memory())"
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, "TWINKLE_MALLOC_TUNING": "0"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    assert out.stdout.strip() == "False"
+    assert _run(code, TWINKLE_MALLOC_TUNING="0").strip() == "False"

@@ -66,8 +66,6 @@ class ExpertRanksSync(replica_worker.ReplicaWorker):
     DPO or KL loss's bare forward), which the others then run too."""
 
     def forward_backward_many(self, shards: dict[str, Any], order: list[str]) -> dict[str, Any]:
-        import torch
-
         error: BaseException | None = None
         reference = False
         try:
@@ -80,8 +78,7 @@ class ExpertRanksSync(replica_worker.ReplicaWorker):
                     reference |= bool(getattr(loss, "needs_reference", False))
         except Exception as exc:
             error = exc
-        flags = torch.tensor([float(error is not None), float(reference)], device=self.model.device)
-        replica_worker.dist.all_reduce(flags)
+        flags = self._sum_over_ranks([float(error is not None), float(reference)])
         if error is not None:
             raise error
         if float(flags[0]) > 0:
@@ -98,13 +95,18 @@ class ExpertRanksSync(replica_worker.ReplicaWorker):
         finally:
             self.model.pass_agreement = None
 
+    def _sum_over_ranks(self, values: list[float]):
+        """``values`` summed over the expert ranks (one all-reduce over the dp group)."""
+        import torch
+
+        flags = torch.tensor(values, device=self.model.device)
+        replica_worker.dist.all_reduce(flags)
+        return flags
+
     def _agree_before_backward(self, failure: BaseException | None) -> None:
         """One flag all-reduce over the expert ranks: raise this rank's failure, or a
         ``PeerFailedError`` when another rank failed; nothing is backpropagated anywhere."""
-        import torch
-
-        flag = torch.tensor([float(failure is not None)], device=self.model.device)
-        replica_worker.dist.all_reduce(flag)
+        flag = self._sum_over_ranks([float(failure is not None)])
         if failure is not None:
             raise failure
         if float(flag[0]) > 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import re
 from typing import Any
 
@@ -227,18 +228,13 @@ class MultiLoraMegatronModel(MultiLoraTransformersModel):
                 **kwargs,
             )
 
-    def _join_save(
-        self,
-        name: str,
-        output_dir: Any = None,
-        save_optimizer: bool = False,
-        consumed_train_samples: int | None = None,
-        adapter_name: str | None = None,
-        **kwargs: Any,
-    ) -> None:
-        """``save`` on a tp rank that does not write (``save``'s signature): its part of the
-        gather of the sharded optimizer state."""
-        with self._whole_optimizer_state(adapter_name, save_optimizer):
+    def _join_save(self, *args: Any, **kwargs: Any) -> None:
+        """``save`` (its arguments) on a tp rank that does not write: its part of the gather of
+        the sharded optimizer state."""
+        bound = inspect.signature(self.save).bind(*args, **kwargs).arguments
+        with self._whole_optimizer_state(
+            bound.get("adapter_name"), bool(bound.get("save_optimizer", False))
+        ):
             pass
 
     def _whole_optimizer_state(self, adapter_name: str | None, save_optimizer: bool):
