@@ -130,7 +130,6 @@ class TinkerFutures:
         self._lanes: OrderedDict[str, ModelLane] = OrderedDict()
         self._done: dict[str, asyncio.Event] = {}
         self._tasks: set[asyncio.Task] = set()
-        self._seen: OrderedDict[tuple, str] = OrderedDict()
         # Calls that ran but whose outcome the state store (down) did not take: rid -> why.
         self._unrecorded: OrderedDict[str, str] = OrderedDict()
         self.instance = new_id("gw")
@@ -154,12 +153,9 @@ class TinkerFutures:
             del self._lanes[model_id]
 
     def find(self, owner: str, keys: list[tuple]) -> str | None:
-        """The request id an earlier identical submission got, if any."""
-        for key in keys:
-            found = self._seen.get((owner, *key))
-            if found is not None:
-                return found
-        # Not submitted to this process: maybe to another replica, or before a restart.
+        """The request id an earlier identical submission got, if any (to this process, another
+        replica, or before a restart: the state's dedupe records, purged with the futures; a
+        copy held here would outlive that purge and grow with every call)."""
         for key in keys:
             found = self.state.find_submission(owner, key)
             if found is not None:
@@ -182,10 +178,7 @@ class TinkerFutures:
         record = self.state.create_future(owner, kind, model_id=model_id, instance=self.instance)
         rid = record.request_id
         for key in dedupe or []:
-            self._seen[(owner, *key)] = rid
             self.state.remember_submission(owner, key, rid)
-        while len(self._seen) > 20_000:
-            self._seen.popitem(last=False)
         self._done[rid] = asyncio.Event()
         lane = self.lane(model_id) if (model_id and ordered) else None
         if lane is not None:
