@@ -480,7 +480,7 @@ def main() -> None:
         "--future-ttl-s",
         type=float,
         default=60.0,
-        help="soak: seconds finished futures are kept (the state is in the server's memory)",
+        help="soak: seconds finished futures are kept (with --store memory, in the server's RSS)",
     )
     parser.add_argument(
         "--store",

@@ -89,11 +89,11 @@ class ExpertRanksSync(replica_worker.ReplicaWorker):
             shards = _ask_reference(self.model, shards)
         # A failure after the pass's forward (a non-finite loss on this rank's rows alone)
         # must stop every rank before its backward, whose all-to-alls would wait for this one.
-        self.model.pass_agreement = self._agree_before_backward
+        self.model._pass_agreement = self._agree_before_backward
         try:
             return super().forward_backward_many(shards, order)
         finally:
-            self.model.pass_agreement = None
+            self.model._pass_agreement = None
 
     def _sum_over_ranks(self, values: list[float]):
         """``values`` summed over the expert ranks (one all-reduce over the dp group)."""

@@ -77,7 +77,7 @@ class MultiLoraTransformersModel(CheckpointMethods):
     #: Ranks whose backward passes pair up (megatron expert parallel: its all-to-alls) set this:
     #: called before each fused pass's backward with this rank's forward/loss failure or None,
     #: it raises when any rank failed (``fused.forward_backward_many``'s ``agree``).
-    pass_agreement: Callable[[BaseException | None], None] | None = None
+    _pass_agreement: Callable[[BaseException | None], None] | None = None
     #: The fused step lets the LoRA layers add weight gradients straight into the tenants' flat
     #: buffers (same values as autograd's accumulation); an instance turns it off to measure or
     #: debug.
@@ -412,7 +412,7 @@ class MultiLoraTransformersModel(CheckpointMethods):
             chunk_bytes=self.options.logprob_chunk_bytes,
             max_pass_tokens=self.options.max_pass_tokens,
             split_batches=self.options.split_batches,
-            agree=self.pass_agreement,
+            agree=self._pass_agreement,
         )
 
     def forward_only(
