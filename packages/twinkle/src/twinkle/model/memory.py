@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import platform
 import threading
+from typing import Any
 
 import torch
 
@@ -41,7 +42,7 @@ TRIM_THRESHOLD = 1 << 30
 
 _lock = threading.Lock()
 _applied: bool | None = None  # None: not tried yet
-_libc: ctypes.CDLL | None = None
+_malloc_trim: Any = None  # libc's malloc_trim, once keep_freed_memory is in effect
 
 
 def keep_freed_memory(enabled: bool | None = None) -> bool:
@@ -73,8 +74,9 @@ def _apply() -> bool:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
         return False
-    global _libc
-    _libc = libc
+    global _malloc_trim
+    _malloc_trim = libc.malloc_trim
+    _malloc_trim.argtypes, _malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
     mallopt = libc.mallopt
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and (
@@ -86,11 +88,9 @@ def release_freed_memory() -> bool:
     """Hand the free pages of the process's heaps back to the OS (``malloc_trim(0)``), where
     :func:`keep_freed_memory` is in effect (without it glibc trims by itself); whether it ran.
     Call it between steps: the next step faults the pages in again."""
-    if not _applied or _libc is None:
+    if not _applied or _malloc_trim is None:
         return False
-    trim = _libc.malloc_trim
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    trim(0)
+    _malloc_trim(0)
     return True
 
 

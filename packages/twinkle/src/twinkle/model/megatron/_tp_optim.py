@@ -92,11 +92,6 @@ class _TpShardedAdamMixin:
             p.copy_(value)
         return None
 
-    def state_numel(self) -> int:
-        """Elements of Adam moments this rank holds."""
-        entry = self.state.get(self.shard, {})  # type: ignore[attr-defined]
-        return sum(entry[m].numel() for m in _MOMENTS if m in entry)
-
     @contextlib.contextmanager
     def gathered(self):
         """Gather the whole state now (a collective every tp rank enters at the same point);

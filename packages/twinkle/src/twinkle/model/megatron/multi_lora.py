@@ -198,8 +198,7 @@ class MultiLoraMegatronModel(MultiLoraTransformersModel):
         optimizer = self.tenant(adapter_name).optimizer
         if optimizer is None:
             return 0
-        if isinstance(optimizer, _SHARDED_TYPES):
-            return optimizer.state_numel()
+        # A sharded optimizer's state is its chunk's: the same count covers both.
         return sum(
             value.numel()
             for entry in optimizer.state.values()
