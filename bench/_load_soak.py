@@ -5,12 +5,14 @@ RSS, threads, open files and storage."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -53,10 +55,48 @@ def serve(
     from twinkle.server.local import maintain_forever
     from twinkle.server.web import StartOnFirstRequest
 
+    threading.Thread(target=report_inside, args=(storage,), daemon=True).start()
     server = build_server(storage, tenants, limits, future_ttl_s, redis_url)
     config = parse_config(server_config(storage, tenants, limits, future_ttl_s))
     app = StartOnFirstRequest(server.app, start=lambda: maintain_forever(server, config))
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+
+
+INSIDE = "inside.json"
+
+
+def report_inside(storage: str, every_s: float = 5.0) -> None:
+    """In the child server: every ``every_s`` seconds, what only the process itself can tell,
+    written to ``storage/inside.json`` for the soak to read beside /proc: glibc's heaps (in use
+    apart from freed memory kept), the interpreter's live blocks, and its threads by name."""
+    from twinkle.model.memory import heap_stats
+
+    path = Path(storage) / INSIDE
+    while True:
+        heap = heap_stats() or {}
+        inside = {f"heap_{k}_mib": round(v / 2**20, 1) for k, v in heap.items()}
+        inside |= {"py_blocks": sys.getallocatedblocks(), "thread_names": thread_names()}
+        path.with_suffix(".tmp").write_text(json.dumps(inside))
+        os.replace(path.with_suffix(".tmp"), path)
+        time.sleep(every_s)
+
+
+def thread_names() -> list[str]:
+    """The process's threads: Python's by their ``threading`` name, the others (torch's, Ray's,
+    gRPC's) by the kernel's ``comm``, each once per thread."""
+    python = {thread.native_id: thread.name for thread in threading.enumerate()}
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # ended while listing
+            comm = Path(f"/proc/self/task/{task}/comm").read_text().strip()
+            names.append(python.get(int(task), f"native:{comm}"))
+    return sorted(names)
+
+
+def read_inside(storage: str) -> dict:
+    with contextlib.suppress(OSError, ValueError):
+        return json.loads((Path(storage) / INSIDE).read_text())
+    return {}
 
 
 @contextlib.contextmanager
@@ -223,6 +263,20 @@ def drift(values: list[float]) -> dict:
     }
 
 
+def slopes(samples: list[dict], parts: int = 3) -> list[float]:
+    """The RSS's least-squares slope (MiB per minute) in each of ``parts`` equal spans of the
+    samples: a climb that levels off shows as falling slopes, a leak as steady ones."""
+    span = len(samples) // parts
+    out = []
+    for i in range(parts):
+        part = samples[i * span : (i + 1) * span]
+        if len(part) < 3:
+            return out
+        t = np.array([s["t_s"] for s in part]) / 60
+        out.append(round(float(np.polyfit(t, [s["rss_mib"] for s in part], 1)[0]), 3))
+    return out
+
+
 def run_soak(args, limits: dict):
     """Yields one ``sample`` record every ``args.sample_s`` seconds, then the summary."""
     from twinkle_client import init_tinker_client
@@ -252,6 +306,7 @@ def run_soak(args, limits: dict):
                 sample |= resources(pid) | {"adapters": loaded_adapters(url, keys(1)[0])}
                 sample["storage_mib"] = round(disk_usage(storage) / 2**20, 1)
                 sample["steps"] = sum(n for k, n in rec.steps.items() if ":" not in k)
+                sample |= read_inside(storage)
                 samples.append(sample)
                 yield sample
                 for thread in threads:  # the next sample is due in sample_s, or when all end
@@ -262,6 +317,18 @@ def run_soak(args, limits: dict):
     steady = [s for s in samples if s["t_s"] >= args.warmup_minutes * 60] or samples
     report = {m: drift([s[m] for s in steady]) for m in ("rss_mib", "threads", "open_files")}
     anon = drift([s["rss_anon_mib"] for s in steady])  # reported, not a criterion
+    # What the process says of itself (not criteria): whether the heaps' memory in use grows
+    # (a leak) or only the freed memory they keep, and which threads started after the warm-up.
+    inside = {
+        m: drift([s[m] for s in steady])
+        for m in ("heap_in_use_mib", "heap_free_kept_mib", "py_blocks")
+        if all(m in s for s in steady)
+    }
+    named = [s["thread_names"] for s in steady if "thread_names" in s]
+    if named:
+        first, last = Counter(named[0]), Counter(named[-1])
+        inside["threads_started_after_warmup"] = sorted((last - first).elements())
+        inside["threads_ended_after_warmup"] = sorted((first - last).elements())
     yield {
         "record": "soak_summary",
         "minutes": args.soak_minutes,
@@ -277,6 +344,8 @@ def run_soak(args, limits: dict):
         "resources": report,
         "sockets": drift([s["sockets"] for s in steady]),  # live connections: not a criterion
         "rss_anon": anon,
+        "rss_slope_mib_per_min": slopes(steady),
+        "inside": inside,
         "flat_within_5pct": all(abs(r["drift_pct"] or 0) <= 5 for r in report.values()),
         "client_errors": rec.errors[:20],
         "client_error_count": len(rec.errors),

@@ -24,7 +24,9 @@ def merged_tree(root: Path, into: Path) -> None:
     shutil.copytree(
         src / "twinkle-server/src/twinkle/server", into / "twinkle/server", ignore=ignore
     )
-    shutil.copytree(src / "twinkle-client/src/twinkle_client", into / "twinkle_client", ignore=ignore)
+    shutil.copytree(
+        src / "twinkle-client/src/twinkle_client", into / "twinkle_client", ignore=ignore
+    )
 
 
 def main(argv: list[str]) -> int:

@@ -139,3 +139,35 @@ def test_release_hands_the_kept_free_pages_back():
 def test_release_is_a_no_op_without_the_tuning():
     code = "from twinkle.model.memory import release_freed_memory; print(release_freed_memory())"
     assert _run(code, TWINKLE_MALLOC_TUNING="0").strip() == "False"
+
+
+HEAP_PROBE = textwrap.dedent(
+    """
+    import ctypes
+    from twinkle.model.memory import heap_stats, keep_freed_memory
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    keep_freed_memory()
+    before = heap_stats()
+    blocks = [libc.malloc(1 << 20) for _ in range(64)]  # 64 MiB in use
+    held = heap_stats()
+    keep = libc.malloc(64)  # above the freed blocks, so the heap keeps them
+    for b in blocks:
+        libc.free(b)
+    freed = heap_stats()
+    mib = lambda a, b, k: round((a[k] - b[k]) / 2**20)
+    print(mib(held, before, "in_use"), mib(freed, before, "in_use"), mib(freed, held, "free_kept"))
+    """
+)
+
+
+def test_heap_stats_tell_memory_in_use_from_freed_memory_kept():
+    """What the soak reads inside the server to tell a leak (in use grows) from memory the
+    heaps keep (free grows): 64 MiB allocated shows as in use, then, freed, as kept."""
+    grown, after_free, kept = map(int, _run(HEAP_PROBE, TWINKLE_MALLOC_TUNING="1").split())
+    assert grown == 64
+    assert after_free == 0
+    assert kept == 64

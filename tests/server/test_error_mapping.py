@@ -179,7 +179,9 @@ def test_a_model_failure_through_the_served_app_names_the_logged_request_id(
             )
             assert r.status_code == 200, r.text
             monkeypatch.setattr(service.scheduler, "submit", explode)
-            return await alice.post(f"{MODEL}/forward_backward", json={"inputs": [{"input_ids": [1, 2, 3, 4]}]})
+            return await alice.post(
+                f"{MODEL}/forward_backward", json={"inputs": [{"input_ids": [1, 2, 3, 4]}]}
+            )
 
     with caplog.at_level(logging.ERROR, logger="twinkle"):
         r = asyncio.run(scenario())
@@ -187,9 +189,7 @@ def test_a_model_failure_through_the_served_app_names_the_logged_request_id(
     assert (r.status_code, body["category"]) == (500, "server"), r.text
     assert body["request_id"] == r.headers["x-request-id"]
     assert "out of bounds" not in r.text
-    assert any(
-        body["request_id"] in rec.getMessage() and rec.exc_info for rec in caplog.records
-    )
+    assert any(body["request_id"] in rec.getMessage() and rec.exc_info for rec in caplog.records)
 
 
 def test_a_tinker_future_that_ran_out_of_memory_pauses_for_capacity_then_runs(monkeypatch):

@@ -19,7 +19,9 @@ def test_closing_a_session_frees_its_slot_under_the_per_key_limit(tmp_path):
 
     config = config_dict(
         model_id="tiny://qwen3.5",
-        server_args={"server_config": {"per_token_model_limit": 1, "supported_models": [BASE_MODEL]}},
+        server_args={
+            "server_config": {"per_token_model_limit": 1, "supported_models": [BASE_MODEL]}
+        },
     )
     config["storage"] = {"root": str(tmp_path / "storage")}
     server = build_local_server(parse_config(config), store=MemoryStore("fin:"))

@@ -36,7 +36,9 @@ def test_strings_and_booleans_are_not_integers(value):
     data["applications"][1]["args"]["max_loras"] = "4"
     problems = _problems(data)
     assert any(p.startswith("http_options.port: expected an integer") for p in problems)
-    assert any(p.startswith("applications[1].args.max_loras: expected an integer") for p in problems)
+    assert any(
+        p.startswith("applications[1].args.max_loras: expected an integer") for p in problems
+    )
 
 
 def test_yaml_numbers_still_load(tmp_path):

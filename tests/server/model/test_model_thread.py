@@ -123,3 +123,35 @@ def test_a_torch_sampler_replica_keeps_freed_memory(monkeypatch, tmp_path, sampl
     config, app = served_config(tmp_path, "sampler", sampler_type=sampler_type)
     sampler_deployment.build_sampler_service(app, build_context(config))
     assert calls == ([True] if keeps else [])
+
+
+def test_blocking_work_runs_on_a_fixed_pool_started_whole():
+    """The web handlers' blocking work (model facts, image expansion, checkpoint packing) runs on
+    ``IO_THREADS`` threads that all exist from the first call: the thread count does not creep
+    up as concurrency peaks later in a run, as the event loop's default executor's does."""
+    import asyncio
+
+    def io_threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("twinkle-io")]
+
+    async def burst(n: int) -> list[str]:
+        gate = threading.Barrier(threads.IO_THREADS, timeout=10)
+
+        def work(i: int) -> str:
+            if i < threads.IO_THREADS:
+                gate.wait()  # IO_THREADS calls at once: every thread is busy together
+            return f"{i}:{threading.current_thread().name}"
+
+        return await asyncio.gather(*(threads.off_loop(work, i) for i in range(n)))
+
+    async def first_call() -> int:
+        await threads.off_loop(int, "1")
+        return len(io_threads())
+
+    assert asyncio.run(first_call()) == threads.IO_THREADS
+    results = asyncio.run(burst(3 * threads.IO_THREADS))
+    assert [r.split(":")[0] for r in results] == [str(i) for i in range(3 * threads.IO_THREADS)]
+    assert {r.split(":")[1] for r in results[: threads.IO_THREADS]} == {
+        t.name for t in io_threads()
+    }
+    assert len(io_threads()) == threads.IO_THREADS

@@ -1,8 +1,12 @@
-"""The one thread a replica runs its torch work on, and how many CPU threads torch gets there."""
+"""The one thread a replica runs its torch work on, how many CPU threads torch gets there, and
+the fixed pool the web handlers hand their blocking work to."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -10,6 +14,35 @@ from typing import Any, TypeVar
 from twinkle.model.memory import keep_freed_memory
 
 T = TypeVar("T")
+
+IO_THREADS = 4
+_io_pool: ThreadPoolExecutor | None = None
+_io_lock = threading.Lock()
+
+
+def _started_io_pool() -> ThreadPoolExecutor:
+    """``IO_THREADS`` threads, all started now. The event loop's default executor (what
+    ``asyncio.to_thread`` uses) starts its threads one by one as concurrency first peaks, up to
+    ``min(32, cores + 4)``: a server's thread count then creeps up hours into a run (the soak saw
+    it, docs/reliability.md) and grows with the machine, not the work."""
+    global _io_pool
+    with _io_lock:
+        if _io_pool is None:
+            pool = ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="twinkle-io")
+            # A pool starts a thread per submitted task while none is idle: tasks that wait for
+            # each other start them all.
+            barrier = threading.Barrier(IO_THREADS)
+            for task in [pool.submit(barrier.wait, 30) for _ in range(IO_THREADS)]:
+                task.result()
+            _io_pool = pool
+        return _io_pool
+
+
+async def off_loop(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """``await asyncio.to_thread(fn, ...)`` on the server's fixed pool of blocking threads:
+    file reads, packing and uploads, image decoding, so the event loop keeps serving."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_started_io_pool(), functools.partial(fn, *args, **kwargs))
 
 
 def model_thread() -> ThreadPoolExecutor:

@@ -20,7 +20,8 @@ A server runs for days while adapters come and go, so the kept memory must not c
 :func:`release_freed_memory` (``malloc_trim(0)``) hands the whole free pages inside the heaps
 back to the OS. The model replicas call it between tasks at each adapter sweep (at most every
 30 s), so the cost, one step's page faults after each release, is paid a few times a minute at
-most (the soak's figures: docs/reliability.md).
+most (the soak's figures: docs/reliability.md). :func:`heap_stats` reads glibc's own account of
+the heaps (``mallinfo2``), which tells memory still in use from freed memory kept.
 """
 
 from __future__ import annotations
@@ -43,6 +44,18 @@ TRIM_THRESHOLD = 1 << 30
 _lock = threading.Lock()
 _applied: bool | None = None  # None: not tried yet
 _malloc_trim: Any = None  # libc's malloc_trim, once keep_freed_memory is in effect
+
+
+class _MallInfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (glibc >= 2.33), every field a ``size_t``."""
+
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd",
+            "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
+        )
+    ]  # fmt: skip
 
 
 def keep_freed_memory(enabled: bool | None = None) -> bool:
@@ -92,6 +105,29 @@ def release_freed_memory() -> bool:
         return False
     _malloc_trim(0)
     return True
+
+
+def heap_stats() -> dict[str, int] | None:
+    """glibc's account of the process's malloc heaps, in bytes, or None off glibc (or before
+    2.33, without ``mallinfo2``). ``in_use``: blocks handed out and not freed (torch's CPU
+    tensors, native libraries, the interpreter's large objects), heaps and mmapped blocks
+    together; ``free_kept``: freed bytes the heaps keep for reuse (what ``malloc_trim`` can hand
+    back); ``mmapped``: the part of ``in_use`` in blocks of their own. The interpreter's small
+    objects live in its own arenas, which this does not count."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.restype, mallinfo2.argtypes = _MallInfo2, []
+    info = mallinfo2()
+    return {
+        "in_use": info.uordblks + info.hblkhd,
+        "free_kept": info.fordblks,
+        "mmapped": info.hblkhd,
+        "heap": info.arena,
+    }
 
 
 def apply_process_options(options: ExecutionOptions) -> None:

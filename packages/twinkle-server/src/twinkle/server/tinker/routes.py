@@ -8,14 +8,13 @@ sampler deployment. See TINKER_PROTOCOL.md for the contract.
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 from fastapi import APIRouter, Depends, Request
 
 from twinkle.server.context import ServerContext
 from twinkle.server.errors import BadRequest
 from twinkle.server.gateway.backends import Backends
+from twinkle.server.threads import off_loop
 from twinkle.server.tinker import convert, custom_loss, optimizers, wire
 from twinkle.server.tinker import images as tinker_images
 from twinkle.server.tinker.api import CLIENT_CONFIG, SequencedCall, TinkerApi
@@ -127,7 +126,7 @@ def _training_routes(router: APIRouter, api: TinkerApi) -> None:
         owner = api.ctx.authenticate(request.headers)
         body = await read_json(request, api.max_bytes)
         run = api.run_of(owner, body.get("model_id"))
-        facts = await asyncio.to_thread(model_facts, run.base_model)
+        facts = await off_loop(model_facts, run.base_model)
         return {
             "type": "get_info",
             "model_id": run.training_run_id,
@@ -163,9 +162,9 @@ def _training_routes(router: APIRouter, api: TinkerApi) -> None:
         async def prepare():
             run = api.run_of(owner, msg.model_id)
             client = api.backends.model(run.base_model)
-            vocab = (await asyncio.to_thread(model_facts, run.base_model)).vocab_size
+            vocab = (await off_loop(model_facts, run.base_model)).vocab_size
             # Image chunks -> image tokens + pixel_values (checked; a bad image is a 400).
-            await asyncio.to_thread(tinker_images.expand_datums, msg.data, run.base_model)
+            await off_loop(tinker_images.expand_datums, msg.data, run.base_model)
             if msg.loss_fn == "custom":
                 features, loss = custom_loss.features_and_loss(api, owner, run, msg, vocab)
             else:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 
 from fastapi import APIRouter, Request
@@ -10,6 +9,7 @@ from fastapi.responses import JSONResponse, Response
 
 from twinkle.server.errors import BadRequest, Gone
 from twinkle.server.state._futures import ORPHANED
+from twinkle.server.threads import off_loop
 from twinkle.server.tinker import convert, sample_fields, stability, wire
 from twinkle.server.tinker import images as tinker_images
 from twinkle.server.tinker.admin import count_sample_usage
@@ -87,10 +87,10 @@ def sampling_routes(router: APIRouter, api: TinkerApi) -> None:
         )
         if rid := api.futures.find(owner, keys):
             return api.submitted(rid, sample_sequence_ids=_sequence_ids(rid, num_samples))
-        tokens, images = await asyncio.to_thread(
+        tokens, images = await off_loop(
             tinker_images.prompt_inputs, body.get("prompt") or {}, base_model
         )
-        convert.check_prompt(tokens, (await asyncio.to_thread(model_facts, base_model)).vocab_size)
+        convert.check_prompt(tokens, (await off_loop(model_facts, base_model)).vocab_size)
         extra, target_layout = sample_fields.sampler_params(body, len(tokens))
         params.update(extra)
         prompt = tokens if images is None else {"input_ids": tokens, **images}

@@ -21,7 +21,6 @@ its signed download URLs, ``join_sampling_session``.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import tarfile
@@ -38,6 +37,7 @@ from twinkle.server.errors import BadRequest, Forbidden, NotFound
 from twinkle.server.signing import Signer
 from twinkle.server.state import checkpoint_dir
 from twinkle.server.state.paths import parse_checkpoint_path, validate_checkpoint_name
+from twinkle.server.threads import off_loop
 from twinkle.server.tinker import convert
 from twinkle.server.tinker.api import TinkerApi
 from twinkle.server.tinker.weights_model_ops import EXTERNAL_KIND, age_recipients
@@ -263,7 +263,7 @@ def weights_external_routes(router: APIRouter, api: TinkerApi) -> None:
         signed = f"{owner}/{run_id}/{kind}/{name}"
         signer.verify("archive:" + signed, expires, signature, api.state.clock())
         record = api.state.get_checkpoint(owner, run_id, f"{kind}/{name}")
-        packed = await asyncio.to_thread(_pack, Path(record.local_dir))
+        packed = await off_loop(_pack, Path(record.local_dir))
         return FileResponse(
             packed,
             media_type="application/gzip",
