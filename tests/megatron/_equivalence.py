@@ -32,6 +32,25 @@ class MarkedNanLoss(Loss):
         return LossOutput(loss, n, {})
 
 
+class FailsOnRankLoss(Loss):
+    """Token-mean cross entropy that raises on world rank ``rank`` alone (as an out-of-memory
+    on one device would): that rank answers at once, its peers go on into the backward's
+    collectives and wait there for it."""
+
+    name = "fails_on_rank"
+
+    def __init__(self, rank: int = 1) -> None:
+        self.rank = rank
+
+    def __call__(self, inputs):
+        import torch.distributed as dist
+
+        if dist.is_initialized() and dist.get_rank() == self.rank:
+            raise MemoryError(f"rank {self.rank} ran out of memory (test)")
+        n = int(inputs.mask.sum())
+        return LossOutput(-(inputs.logprobs * inputs.mask).sum() / max(n, 1), n, {})
+
+
 def make_batch(rows, seq, seed):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(10, 4000, (rows, seq), generator=g)

@@ -107,3 +107,35 @@ def test_a_dead_rank_fails_the_next_call_at_once():
             model.list_adapters()
     finally:
         model.close()
+
+
+@pytest.mark.parametrize("launcher", ["process", pytest.param("ray", marks=pytest.mark.slow)])
+def test_a_rank_failing_alone_fails_its_call_in_seconds(monkeypatch, launcher):
+    """One tp rank's loss raises (as an out-of-memory on one device would) while its peer goes
+    on into the backward's all-reduce and waits there for it: the call fails with that rank's
+    error once ``PEER_GRACE_S`` has passed, not after the 600 s call timeout, and the workers
+    are closed (the peer would wait forever)."""
+    import time
+
+    from tests.megatron._equivalence import FailsOnRankLoss
+    from twinkle.model.megatron import _ranks
+    from twinkle.model.megatron.parallel import ParallelMegatronModel
+
+    if launcher == "ray":
+        ray = pytest.importorskip("ray")
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    monkeypatch.setattr(_ranks, "PEER_GRACE_S", 2.0)
+    model = ParallelMegatronModel("tiny://qwen3", tp_size=2, launcher=launcher)
+    try:
+        model.add_adapter_to_model("a", {"r": 4, "target_modules": "all-linear"})
+        model.forward_backward(make_batch(2, 8, 0), adapter_name="a")  # warm: both ranks work
+        model.set_loss(FailsOnRankLoss(rank=1), adapter_name="a")
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"rank 1 failed \(MemoryError.*ranks \[0\]"):
+            model.forward_backward(make_batch(2, 8, 1), adapter_name="a")
+        assert time.monotonic() - start < 30
+        assert model.closed
+    finally:
+        model.close()
+        if launcher == "ray":
+            ray.shutdown()

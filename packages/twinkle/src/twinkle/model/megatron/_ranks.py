@@ -34,6 +34,10 @@ EVERY_RANK = frozenset({"computed_rows", "optimizer_state_numel"})
 DP_FORWARD_BACKWARD = "__dp_forward_backward_many"
 #: Seconds a worker may take to build its model or answer one call before the driver gives up.
 CALL_TIMEOUT_S = 600.0
+#: After one rank has answered with an error, how long the others may still take (at least; twice
+#: the call's time up to that error when longer). A rank that fails alone leaves its peers in a
+#: collective that waits for it (a tp all-reduce, a pp receive); past this they are taken as stuck.
+PEER_GRACE_S = 30.0
 #: Logical CPUs a CPU rank actor reserves by default: each rank runs one torch thread, and a
 #: fraction lets a tp x pp = 4 world fit beside the Serve replicas of a 2-core host.
 DEFAULT_RAY_CPUS = 0.25
@@ -156,6 +160,41 @@ def lost(name: str, what: str) -> RuntimeError:
     )
 
 
+class FailureWatch:
+    """The deadline of one call's gather: ``CALL_TIMEOUT_S``, cut short once a rank has failed
+    (:data:`PEER_GRACE_S`), so that a rank failing alone costs its call seconds, not the timeout."""
+
+    def __init__(self) -> None:
+        import time
+
+        self._clock = time.monotonic
+        self.started = self._clock()
+        self.deadline = self.started + CALL_TIMEOUT_S
+        self.failed: tuple[int, BaseException] | None = None
+
+    def saw(self, rank: int, ok: bool, value: Any) -> None:
+        if not ok and self.failed is None:
+            self.failed = (rank, value)
+            now = self._clock()
+            grace = max(PEER_GRACE_S, 2 * (now - self.started))
+            self.deadline = min(self.deadline, now + grace)
+
+    def left(self) -> float:
+        return self.deadline - self._clock()
+
+    def stuck(self, name: str, waiting: list[int]) -> RuntimeError:
+        """The error for ranks ``waiting`` that never answered by the deadline."""
+        if self.failed is None:
+            return lost(name, "timed out")
+        rank, error = self.failed
+        return lost(
+            name,
+            f"rank {rank} failed ({type(error).__name__}: {error}) and ranks {waiting} "
+            f"were still waiting for it {self._clock() - self.started:.0f} s into the call "
+            "(a collective that rank never joined)",
+        )
+
+
 def _process_main(rank: int, world: int, port: int, kwargs: dict, inbox, outbox) -> None:
     try:
         state = build_rank(rank, world, "127.0.0.1", port, kwargs)
@@ -207,22 +246,24 @@ class ProcessRanks:
 
     def _gather(self, name: str) -> dict[int, tuple[bool, Any]]:
         import queue
-        import time
 
         results: dict[int, tuple[bool, Any]] = {}
-        deadline = time.monotonic() + CALL_TIMEOUT_S
+        watch = FailureWatch()
         while len(results) < self.world:
             try:
-                rank, ok, value = self._outbox.get(timeout=1.0)
+                rank, ok, value = self._outbox.get(timeout=max(0.0, min(1.0, watch.left())))
             except queue.Empty:
                 dead = {r: p.exitcode for r, p in enumerate(self.procs) if not p.is_alive()}
-                if dead or time.monotonic() > deadline:
+                if dead:
                     self.close()
-                    raise lost(
-                        name, f"ranks {dead} exited (rank: exit code)" if dead else "timed out"
-                    ) from None
+                    raise lost(name, f"ranks {dead} exited (rank: exit code)") from None
+                if watch.left() <= 0:
+                    self.close()
+                    waiting = sorted(set(range(self.world)) - set(results))
+                    raise watch.stuck(name, waiting) from None
                 continue
             results[rank] = (ok, value)
+            watch.saw(rank, ok, value)
         return results
 
     def close(self) -> None:

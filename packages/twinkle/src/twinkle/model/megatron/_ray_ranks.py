@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from typing import Any
 
 from twinkle.model.megatron._ranks import (
     CALL_TIMEOUT_S,
     DEFAULT_RAY_CPUS,
+    FailureWatch,
     build_rank,
     lost,
     portable,
@@ -170,11 +170,11 @@ class RayRanks:
         pending = {ref: rank for rank, ref in refs.items()}
         results: dict[int, tuple[bool, Any]] = {}
         dead: dict[int, str] = {}
-        deadline = time.monotonic() + CALL_TIMEOUT_S
+        watch = FailureWatch()
         while pending:
             # After a death, a short look for other dead ranks: the survivors are stuck in a
             # collective with the dead one and will not answer.
-            left = 1.0 if dead else deadline - time.monotonic()
+            left = 1.0 if dead else watch.left()
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, left))
             if not ready:
                 break
@@ -188,10 +188,13 @@ class RayRanks:
                     results[rank] = (False, portable(exc.as_instanceof_cause()))
                 except GetTimeoutError:
                     pending[ref] = rank
+                if rank in results:
+                    watch.saw(rank, *results[rank])
         if dead or pending:
             self.close()
-            what = f"ranks {dead} died (rank: Ray error)" if dead else "timed out"
-            raise lost(name, what)
+            if dead:
+                raise lost(name, f"ranks {dead} died (rank: Ray error)")
+            raise watch.stuck(name, sorted(pending.values()))
         return results
 
     def close(self) -> None:
