@@ -96,13 +96,38 @@ def test_task_and_training_metrics(tmp_path, captured):
         assert fb.count == 4 and fb.sum >= 0
 
     entry = next(iter(server.services["model"].adapters.values()))
-    tenant = {"model": "tiny/qwen3", "tenant": tenant_hash(entry.owner), "adapter": entry.internal}
+    tenant = {"model": "tiny/qwen3", "tenant": tenant_hash(entry.owner)}
     assert entry.owner not in tenant["tenant"] and "key-alice" not in str(tenant)
     assert points(metrics["twinkle.train.steps.total"], **tenant)[0].value == 3
     assert points(metrics["twinkle.train.tokens.total"], **tenant)[0].value == 3 * 8
     loss = metrics["twinkle.train.loss"]
     assert isinstance(loss.data, Gauge)
     assert points(loss, **tenant)[0].value == losses[-1]
+
+
+def test_training_series_are_per_tenant_so_adapter_churn_adds_none(tmp_path, captured):
+    """Adapters created and removed, again and again: the training series stay one per tenant
+    (their figures summed over its adapters), none per adapter, and the recorder keeps nothing
+    of the removed adapters (the SDK would hide every series after its 2000th as overflow)."""
+    server = local_server(tmp_path, backend="mock")
+    cycles = 20  # more than the 16 stale records the recorder tolerates before it prunes
+
+    async def scenario():
+        async with client(server) as alice:
+            for i in range(cycles):
+                await _train(alice, name=f"a{i}", steps=1)
+                r = await alice.post(f"{MODEL}/remove_adapter", json={"adapter_name": f"a{i}"})
+                assert r.status_code == 200, r.text
+
+    asyncio.run(scenario())
+    metrics = captured.wait_for_tasks(cycles * 3)
+    steps = metrics["twinkle.train.steps.total"].data.data_points
+    tokens = metrics["twinkle.train.tokens.total"].data.data_points
+    assert len(steps) == len(tokens) == 1
+    assert set(steps[0].attributes) == {"model", "tenant"}
+    assert steps[0].value == cycles and tokens[0].value == cycles * 8
+    recorder = server.services["model"].scheduler._on_done.__self__  # ModelTaskMetrics
+    assert len(recorder._seen) <= 17  # without pruning: one record per adapter ever trained
 
 
 def test_rate_limit_rejections_count_429s(tmp_path, captured):

@@ -124,16 +124,16 @@ TRAIN_LOSS = MetricSpec(
     "twinkle.train.loss",
     "gauge",
     "",
-    "Last training loss of each tenant adapter (tenant and adapter are hashed ids)",
+    "Last training loss of each tenant (a hashed id), from its most recently trained adapter",
 )
 TRAIN_STEPS = MetricSpec(
-    "twinkle.train.steps.total", "counter", "{step}", "Optimizer steps taken, per tenant adapter"
+    "twinkle.train.steps.total", "counter", "{step}", "Optimizer steps taken, per tenant"
 )
 TRAIN_TOKENS = MetricSpec(
     "twinkle.train.tokens.total",
     "counter",
     "{token}",
-    "Input tokens trained on (forward passes), per tenant adapter",
+    "Input tokens trained on (forward passes), per tenant",
 )
 
 METRICS: tuple[MetricSpec, ...] = (

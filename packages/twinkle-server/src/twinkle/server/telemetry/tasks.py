@@ -56,7 +56,11 @@ class ModelTaskMetrics:
         if entry is None:
             self._seen.pop(task.tenant, None)
             return
-        attrs = {"model": self.model, "tenant": tenant_hash(entry.owner), "adapter": task.tenant}
+        # Series per tenant (hashed owner: bounded by the API keys), not per adapter: adapters
+        # come and go for the server's whole life, and the SDK keeps every attribute set it
+        # has seen, up to 2000 per instrument, after which every new one is reported only as
+        # ``otel.metric.overflow``. Per-adapter progress is in ``/status``.
+        attrs = {"model": self.model, "tenant": tenant_hash(entry.owner)}
         steps, tokens, losses = self._seen.get(task.tenant, (0, 0, 0))
         if entry.steps > steps:
             telemetry.train_steps.add(entry.steps - steps, attrs)
@@ -65,3 +69,6 @@ class ModelTaskMetrics:
         if entry.losses > losses and entry.last_loss is not None:
             telemetry.train_loss.set(entry.last_loss, attrs)
         self._seen[task.tenant] = (entry.steps, entry.tokens, entry.losses)
+        if len(self._seen) > 2 * len(self.service.adapters) + 16:  # removed adapters' records
+            live = self.service.adapters
+            self._seen = {name: seen for name, seen in self._seen.items() if name in live}
