@@ -59,7 +59,7 @@ def test_dashboard_has_the_overview_panels():
         "Task wait P95 by operation",
         "Rate-limit rejections",
         "Task outcomes",
-        "Loss per tenant adapter",
+        "Loss per tenant",
     } <= titles
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
