@@ -104,3 +104,32 @@ def test_the_one_process_server_runs_housekeeping_and_the_model_sweep(tmp_path, 
     server = local_server(tmp_path, backend="mock")
     asyncio.run(maintain_forever(server, config))
     assert sorted(started) == ["housekeeping", "sweep 30.0"]
+
+
+def test_housekeeping_clears_a_killed_saves_leftovers_every_sweep_period(tmp_path):
+    """What a save killed mid-write leaves in the storage (a stale staging copy, a previous
+    checkpoint moved aside) is cleared by housekeeping, at most once per PARTIAL_SWEEP_EVERY_S."""
+    import os
+    import time
+
+    from twinkle.model.checkpoint import PARTIAL_SAVE_AGE_S
+    from twinkle.server.gateway import app
+
+    server, ctx, _ = _server_at(tmp_path, 0.0)
+    runs = ctx.storage_root / "alice" / "run-1"
+    checkpoint = runs / "step-1"
+    checkpoint.mkdir(parents=True)
+    staging = runs / ".step-2.tmp-0badc0de"
+    staging.mkdir()
+    (staging / "adapter_model.safetensors").write_bytes(b"x")
+    stale = time.time() - PARTIAL_SAVE_AGE_S - 1
+    os.utime(staging, (stale, stale))
+    asyncio.run(housekeep_once(ctx, server.backends))
+    assert not staging.exists() and checkpoint.exists()
+    moved_aside = runs / ".step-1.old-0badc0de"
+    moved_aside.mkdir()
+    asyncio.run(housekeep_once(ctx, server.backends))  # within the period: not walked again
+    assert moved_aside.exists()
+    ctx.partial_sweep_at -= app.PARTIAL_SWEEP_EVERY_S
+    asyncio.run(housekeep_once(ctx, server.backends))
+    assert not moved_aside.exists() and checkpoint.exists()

@@ -24,6 +24,8 @@ class ServerContext:
     #: When this process built its context (on the state's clock): session expiry counts from
     #: here at the earliest, since no client could heartbeat while the server was down.
     started_at: float = 0.0
+    #: When housekeeping last swept the storage for killed saves' leftovers (monotonic clock).
+    partial_sweep_at: float = float("-inf")
 
     @property
     def storage_root(self) -> Path:

@@ -14,6 +14,7 @@ never leaves a directory that looks like a complete checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -67,9 +68,21 @@ def validate_checkpoint_name(name: str) -> str:
     return name
 
 
+#: A staging directory untouched this long belongs to a save that was killed, not a slow one.
+PARTIAL_SAVE_AGE_S = 3600.0
+#: The two renames of a replacement follow each other at once; a copy moved aside longer ago
+#: than this belongs to a save that was killed between them.
+RENAME_WINDOW_S = 10.0
+
+
 @contextmanager
 def atomic_directory(final: Path):
-    """Yield a temporary directory that replaces ``final`` only if the block succeeds."""
+    """Yield a temporary directory that replaces ``final`` only if the block succeeds.
+
+    A process killed inside the block leaves its staging directory (``.<name>.tmp-*``) and
+    ``final`` as it was; one killed between the two renames of a replacement leaves the previous
+    checkpoint as ``.<name>.old-*`` and no ``final``: :func:`recover_interrupted` puts it back
+    and :func:`sweep_partial_saves` clears both kinds of leftover."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
@@ -88,6 +101,57 @@ def atomic_directory(final: Path):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def recover_interrupted(final: Path, now: float | None = None) -> bool:
+    """Put back the previous checkpoint that a save killed between its two renames left as
+    ``.<name>.old-*`` (``final`` missing); whether it did. A copy moved aside within the last
+    :data:`RENAME_WINDOW_S` is left alone: its save may be about to rename the new one in."""
+    import time
+
+    now = time.time() if now is None else now
+    if final.exists():
+        return False
+    olds = []
+    for old in final.parent.glob(f".{final.name}.old-*"):
+        with contextlib.suppress(OSError):  # gone meanwhile
+            olds.append((old.stat().st_ctime, old))  # a rename sets the ctime
+    if not olds or now - max(olds)[0] < RENAME_WINDOW_S:
+        return False
+    olds.sort()
+    os.rename(olds[-1][1], final)
+    for _, extra in olds[:-1]:
+        shutil.rmtree(extra, ignore_errors=True)
+    return True
+
+
+def sweep_partial_saves(root: Path, now: float | None = None) -> list[Path]:
+    """Clear what killed saves left under ``root``: staging directories untouched for
+    :data:`PARTIAL_SAVE_AGE_S`, replaced checkpoints whose replacement is in place, and put back
+    a previous checkpoint whose replacement never arrived. Returns the paths removed or put
+    back."""
+    import time
+
+    now = time.time() if now is None else now
+    touched: list[Path] = []
+    for folder, dirs, _ in os.walk(root):
+        for name in [d for d in dirs if d.startswith(".")]:
+            path = Path(folder) / name
+            visible, _, kind = name[1:].rpartition(".")
+            final = Path(folder) / visible
+            try:
+                if kind.startswith("tmp-") and now - path.stat().st_mtime >= PARTIAL_SAVE_AGE_S:
+                    shutil.rmtree(path, ignore_errors=True)
+                    touched.append(path)
+                elif kind.startswith("old-") and final.exists():
+                    shutil.rmtree(path, ignore_errors=True)
+                    touched.append(path)
+                elif kind.startswith("old-") and recover_interrupted(final, now):
+                    touched.append(final)
+            except OSError:  # gone meanwhile
+                continue
+            dirs.remove(name)  # never walk into a leftover
+    return touched
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:
@@ -123,6 +187,8 @@ def require_checkpoint(path: str | os.PathLike) -> Path:
         FileNotFoundError: When the directory or its adapter files are missing.
     """
     directory = Path(path)
+    if not directory.exists():
+        recover_interrupted(directory)  # a save killed between its renames
     if (
         not (directory / ADAPTER_WEIGHTS).is_file()
         and not (directory / "model.safetensors").is_file()

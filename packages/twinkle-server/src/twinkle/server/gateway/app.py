@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from fastapi import FastAPI
 
+from twinkle.model.checkpoint import sweep_partial_saves
 from twinkle.server.context import ServerContext
 from twinkle.server.gateway.backends import Backends, unload_session_adapters
 from twinkle.server.gateway.routes_common import create_common_router
 from twinkle.server.gateway.routes_live_adapter import create_live_adapter_router
 from twinkle.server.openapi_bodies import document_bodies, gateway_bodies
+from twinkle.server.threads import off_loop
 from twinkle.server.web import install_error_handlers
 
 logger = logging.getLogger("twinkle.server.gateway")
+#: How often housekeeping walks the storage for what killed saves left (seconds).
+PARTIAL_SWEEP_EVERY_S = 600.0
 
 
 def create_gateway_app(ctx: ServerContext, backends: Backends) -> FastAPI:
@@ -51,7 +56,8 @@ async def expire_sessions(ctx: ServerContext, backends: Backends) -> list[str]:
 
 async def housekeep_once(ctx: ServerContext, backends: Backends) -> None:
     """One round: expire silent sessions, delete expired checkpoints (TTL passed, or the
-    ephemeral sampler snapshots of a finished session) with their files, purge old futures."""
+    ephemeral sampler snapshots of a finished session) with their files, purge old futures;
+    every ``PARTIAL_SWEEP_EVERY_S``, clear what killed saves left in the storage."""
     import shutil
 
     await expire_sessions(ctx, backends)
@@ -59,6 +65,11 @@ async def housekeep_once(ctx: ServerContext, backends: Backends) -> None:
         ctx.state.delete_checkpoint(ckpt.owner, ckpt.training_run_id, ckpt.checkpoint_id)
         shutil.rmtree(ckpt.local_dir, ignore_errors=True)
     ctx.state.purge_futures(older_than=ctx.server_args.future_ttl_s)
+    now = time.monotonic()
+    if now - ctx.partial_sweep_at >= PARTIAL_SWEEP_EVERY_S:  # a walk of the whole storage
+        ctx.partial_sweep_at = now
+        for path in await off_loop(sweep_partial_saves, ctx.storage_root):
+            logger.info("storage: cleared what a killed save left: %s", path)
 
 
 async def housekeeping_forever(
