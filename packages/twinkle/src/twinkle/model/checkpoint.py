@@ -136,6 +136,7 @@ def sweep_partial_saves(root: Path, now: float | None = None) -> list[Path]:
     touched: list[Path] = []
     for folder, dirs, _ in os.walk(root):
         for name in [d for d in dirs if d.startswith(".")]:
+            dirs.remove(name)  # never walk into a hidden directory: no checkpoint lives there
             path = Path(folder) / name
             visible, _, kind = name[1:].rpartition(".")
             final = Path(folder) / visible
@@ -150,7 +151,6 @@ def sweep_partial_saves(root: Path, now: float | None = None) -> list[Path]:
                     touched.append(final)
             except OSError:  # gone meanwhile
                 continue
-            dirs.remove(name)  # never walk into a leftover
     return touched
 
 
