@@ -106,6 +106,37 @@ def fixed_defects() -> list[Case]:
             ("seq_id",),
             json={"model_id": "{alice_model}", "seq_id": [1], "path": "p"},
         ),
+        # An expiry beyond what a date can hold was stored, then broke every later listing of
+        # the owner's checkpoints (GET /checkpoints: 500 until the record went); bools passed
+        # as numbers (fuzzer, budget 75).
+        Case(
+            "ttl beyond any date",
+            "PUT",
+            f"{V1}/training_runs/{{alice_run}}/checkpoints/weights/ck-1/ttl",
+            ("ttl_seconds",),
+            json={"ttl_seconds": 1e300},
+        ),
+        Case(
+            "ttl bool",
+            "PUT",
+            f"{V1}/training_runs/{{alice_run}}/checkpoints/weights/ck-1/ttl",
+            ("ttl_seconds",),
+            json={"ttl_seconds": True},
+        ),
+        Case(
+            "save_weights ttl beyond any date",
+            "POST",
+            f"{V1}/save_weights",
+            ("ttl_seconds",),
+            json={"model_id": "{alice_model}", "seq_id": 1, "path": "p", "ttl_seconds": 1e300},
+        ),
+        Case(
+            "save_weights_for_sampler ttl string",
+            "POST",
+            f"{V1}/save_weights_for_sampler",
+            ("ttl_seconds",),
+            json={"model_id": "{alice_model}", "seq_id": 1, "path": "p", "ttl_seconds": "1h"},
+        ),
         Case(
             "save_weights model_id int",
             "POST",

@@ -15,6 +15,7 @@ from twinkle.server.context import ServerContext
 from twinkle.server.errors import BadRequest
 from twinkle.server.gateway.backends import Backends, unload_session_adapters
 from twinkle.server.gateway.route_table import route_table
+from twinkle.server.state.paths import validate_ttl
 from twinkle.server.web import read_json
 
 
@@ -162,9 +163,7 @@ def create_common_router(ctx: ServerContext, backends: Backends) -> APIRouter:
     async def set_ttl(run_id: str, kind: str, name: str, request: Request) -> dict:
         owner = ctx.authenticate(request.headers)
         body = await read_json(request, max_bytes)
-        ttl = body.get("ttl_seconds")
-        if ttl is not None and (not isinstance(ttl, (int, float)) or ttl <= 0):
-            raise BadRequest("ttl_seconds must be a positive number or null")
+        ttl = validate_ttl(body.get("ttl_seconds"))
         return checkpoint_to_wire(state.set_checkpoint_ttl(owner, run_id, f"{kind}/{name}", ttl))
 
     return router

@@ -11,6 +11,7 @@ from twinkle.server.state.paths import (
     parse_checkpoint_path,
     validate_checkpoint_name,
     validate_kind,
+    validate_ttl,
 )
 from twinkle.server.state.records import (
     CHECKPOINT_TYPE_BY_KIND,
@@ -56,6 +57,7 @@ class CheckpointsMixin(StateBase):
         self.get_run(owner, run_id)
         validate_kind(kind)
         validate_checkpoint_name(name)
+        ttl_seconds = validate_ttl(ttl_seconds)
         now = self.clock()
         record = CheckpointRecord(
             training_run_id=run_id,
@@ -127,6 +129,7 @@ class CheckpointsMixin(StateBase):
         self, owner: str, run_id: str, checkpoint_id: str, ttl_seconds: float | None
     ) -> CheckpointRecord:
         """Expire the checkpoint ``ttl_seconds`` from now (``None`` removes the expiry)."""
+        ttl_seconds = validate_ttl(ttl_seconds)
         expires_at = None if ttl_seconds is None else self.clock() + ttl_seconds
         return self._change(owner, run_id, checkpoint_id, expires_at=expires_at)
 

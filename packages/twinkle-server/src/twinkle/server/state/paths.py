@@ -40,6 +40,28 @@ def validate_checkpoint_name(name: str) -> str:
         raise BadRequestError(str(exc)) from None
 
 
+#: The longest checkpoint TTL accepted: ten years (an expiry far beyond it cannot be written
+#: as a date, and a record holding one broke every listing of its owner's checkpoints).
+MAX_CHECKPOINT_TTL_S = 10 * 365 * 24 * 3600
+
+
+def validate_ttl(value: object, field: str = "ttl_seconds") -> float | None:
+    """``value`` as seconds if it is ``None`` or a number of seconds in
+    ``(0, MAX_CHECKPOINT_TTL_S]``, else raise :class:`BadRequestError` naming ``field``."""
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not 0 < value <= MAX_CHECKPOINT_TTL_S  # NaN fails both comparisons
+    ):
+        raise BadRequestError(
+            f"{field} must be a number of seconds in (0, {MAX_CHECKPOINT_TTL_S}] or null, "
+            f"got {value!r}"
+        )
+    return float(value)
+
+
 def validate_id(value: str, what: str = "id") -> str:
     """Return ``value`` if it is a safe id (checkpoint-name characters plus ``:``)."""
     if (

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from twinkle.server.auth import caller_key
 from twinkle.server.errors import BadRequest
 from twinkle.server.hub import HubPublisher
-from twinkle.server.state.paths import validate_checkpoint_name
+from twinkle.server.state.paths import validate_checkpoint_name, validate_ttl
 from twinkle.server.state.records import EPHEMERAL_PREFIX
 from twinkle.server.tinker import convert
 from twinkle.server.tinker.api import (
@@ -34,6 +34,7 @@ def weights_routes(router: APIRouter, api: TinkerApi) -> None:
             name = validate_checkpoint_name(
                 body.get("path") or f"step-{seq_id or uuid.uuid4().hex[:8]}"
             )
+            ttl = validate_ttl(body.get("ttl_seconds"))  # before the save: a refusal saves nothing
             if not body.get("overwrite") and _exists(
                 api, owner, run.training_run_id, f"weights/{name}"
             ):
@@ -42,7 +43,7 @@ def weights_routes(router: APIRouter, api: TinkerApi) -> None:
                 )
 
             async def run_call() -> dict:
-                path = await api.save(owner, model_id, name, "weights", body.get("ttl_seconds"))
+                path = await api.save(owner, model_id, name, "weights", ttl)
                 return {"path": convert.to_tinker_path(path), "type": "save_weights"}
 
             return run_call
@@ -65,6 +66,7 @@ def weights_routes(router: APIRouter, api: TinkerApi) -> None:
             name = validate_checkpoint_name(
                 body["path"] if named else f"{EPHEMERAL_PREFIX}{seq_id}-{uuid.uuid4().hex[:8]}"
             )
+            validate_ttl(body.get("ttl_seconds"))  # before the save: a refusal saves nothing
             api.backends.sampler(run.base_model) if not named else None
             if not named and body.get("kind") == "inflight":
                 return inflight_save(api, owner, body, model_id, run)
