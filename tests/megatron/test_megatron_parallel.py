@@ -133,7 +133,9 @@ def test_a_rank_failing_alone_fails_its_call_in_seconds(monkeypatch, launcher):
         start = time.monotonic()
         with pytest.raises(RuntimeError, match=r"rank 1 failed \(MemoryError.*ranks \[0\]"):
             model.forward_backward(make_batch(2, 8, 1), adapter_name="a")
-        assert time.monotonic() - start < 30
+        # The failure, the grace (2 s, or twice the call's time to the error) and closing the
+        # stuck peer (10 s join, then kill), with room for a loaded machine: far under 600 s.
+        assert time.monotonic() - start < 90
         assert model.closed
     finally:
         model.close()
