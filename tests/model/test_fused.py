@@ -35,6 +35,14 @@ def _requests():
     }
 
 
+def assert_rel_close(actual, expected, rel=1e-5):
+    """Equal within ``rel`` of the expected tensor's norm: the fused pass sums some terms in
+    another order (the GRPO tenant's, a few 1e-7 apart on some CPUs), which an element-wise
+    tolerance would charge to the entries that are nearly zero."""
+    diff = (actual - expected).norm().item()
+    assert diff <= rel * max(expected.norm().item(), 1e-12), (diff, expected.norm().item())
+
+
 def _grads(model, name):
     return [p.grad.clone() for p in model.tenants[name].params]
 
@@ -52,12 +60,12 @@ def test_fused_step_equals_separate_steps(model_id):
     for name in RANKS:
         assert fused_out[name]["loss"] == pytest.approx(separate_out[name]["loss"], rel=1e-5)
         for g_fused, g_sep in zip(_grads(fused, name), _grads(separate, name)):
-            torch.testing.assert_close(g_fused, g_sep, rtol=1e-5, atol=1e-8)
+            assert_rel_close(g_fused, g_sep)
         fused.clip_grad_and_step(adapter_name=name)
         separate.clip_grad_and_step(adapter_name=name)
         after_fused, after_sep = fused.adapter_state_dict(name), separate.adapter_state_dict(name)
         for key in after_fused:
-            torch.testing.assert_close(after_fused[key], after_sep[key], rtol=1e-5, atol=1e-8)
+            assert_rel_close(after_fused[key], after_sep[key])
 
 
 def test_fused_keeps_per_tenant_accumulation():
