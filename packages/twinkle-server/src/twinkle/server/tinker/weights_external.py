@@ -36,7 +36,11 @@ from starlette.background import BackgroundTask
 from twinkle.server.errors import BadRequest, Forbidden, NotFound
 from twinkle.server.signing import Signer
 from twinkle.server.state import checkpoint_dir
-from twinkle.server.state.paths import parse_checkpoint_path, validate_checkpoint_name
+from twinkle.server.state.paths import (
+    MAX_CHECKPOINT_TTL_S,
+    parse_checkpoint_path,
+    validate_checkpoint_name,
+)
 from twinkle.server.threads import off_loop
 from twinkle.server.tinker import convert
 from twinkle.server.tinker.api import TinkerApi
@@ -44,7 +48,7 @@ from twinkle.server.tinker.weights_model_ops import EXTERNAL_KIND, age_recipient
 from twinkle.server.web import read_json
 
 URL_TTL_S = 3600.0
-MIN_TTL_S, MAX_TTL_S = 3600, 10 * 365 * 24 * 3600
+MIN_TTL_S, MAX_TTL_S = 3600, MAX_CHECKPOINT_TTL_S  # the longest any checkpoint may have
 _DOWNLOAD = "external_weights_files"
 _ARCHIVES = "checkpoint_archives"
 
