@@ -24,11 +24,21 @@ import time
 SEQ = 128
 
 
+def peak_rss_mb() -> float:
+    """The process's resident-set high-water mark (Linux ``VmHWM``), in MiB."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024)
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
 def child(args: argparse.Namespace) -> None:
     import torch
     from peft import LoraConfig
 
     from twinkle.model import MultiLoraTransformersModel
+    from twinkle.model.memory import heap_stats
 
     torch.manual_seed(0)
     options = {"max_pass_tokens": args.budget, "malloc_tuning": bool(args.malloc_on)}
@@ -63,7 +73,9 @@ def child(args: argparse.Namespace) -> None:
                 "malloc_tuning": bool(args.malloc_on),
                 "tok_s_best": round(tokens / best, 1),
                 "tok_s_median": round(tokens / sorted(times)[len(times) // 2], 1),
-                "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+                "peak_rss_mb": peak_rss_mb(),
+                # glibc's heaps after the run: in use against freed-but-kept (fragmentation).
+                "heap_mb": {k: round(v / 2**20) for k, v in (heap_stats() or {}).items()},
                 "threads": torch.get_num_threads(),
             }
         ),

@@ -130,6 +130,13 @@ def test_lora_on_experts_or_router_is_refused_naming_target_modules(model, targe
     assert "x" not in model.tenants
 
 
+def test_lora_on_experts_by_target_parameters_is_refused_naming_the_field(model):
+    # The transformers backend honours it (tests/model/test_expert_lora.py); this one does not.
+    with pytest.raises(InvalidArgumentError, match="target_parameters.*backend 'transformers'"):
+        model.add_adapter_to_model("x", {"r": 4, "target_parameters": ["mlp.experts.gate_up_proj"]})
+    assert "x" not in model.tenants
+
+
 def test_each_expert_parallel_rank_loads_its_experts(monkeypatch):
     from megatron.core import parallel_state as ps
 

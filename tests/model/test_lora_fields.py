@@ -215,7 +215,6 @@ REFUSED = [
     ("trainable_token_indices", {"trainable_token_indices": [1, 2]}),
     ("layer_replication", {"layer_replication": [[0, 2]]}),
     ("use_qalora", {"use_qalora": True}),
-    ("target_parameters", {"target_parameters": ["mlp.experts.down_proj"]}),
     ("loftq_config", {"loftq_config": {"loftq_bits": 4}}),
     ("alora_invocation_tokens", {"alora_invocation_tokens": [5]}),
     ("a_future_field", {"a_future_field": 3}),

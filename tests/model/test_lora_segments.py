@@ -62,6 +62,7 @@ LAYERS = [  # lowest first: each module may import only those before it
     "ops",
     "spec",
     "layer",
+    "experts",
     "inject",
 ]
 

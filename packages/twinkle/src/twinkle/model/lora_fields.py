@@ -90,6 +90,7 @@ HONOURED = frozenset(
         "alpha_pattern",
         "layers_to_transform",
         "layers_pattern",
+        "target_parameters",
     }
 )
 
@@ -114,7 +115,6 @@ REASONS: dict[str, str] = {
     "lora_ga_config": _INIT_CONFIG,
     "megatron_config": "Twinkle builds the megatron model itself (backend='megatron')",
     "megatron_core": "Twinkle builds the megatron model itself (backend='megatron')",
-    "target_parameters": "adapters on bare parameters (e.g. MoE experts) are not implemented",
     "runtime_config": "ephemeral GPU offload is not implemented",
 }
 _NOT_IMPLEMENTED = "this LoRA variant is not implemented by Twinkle's multi-LoRA layers"

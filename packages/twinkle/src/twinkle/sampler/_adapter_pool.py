@@ -23,7 +23,7 @@ from twinkle.model.lora import (
     load_adapter_state_dict,
     remove_adapter,
 )
-from twinkle.model.lora.inject import PEFT_PREFIX, lora_layers
+from twinkle.model.lora.inject import keyed_weights
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -247,25 +247,15 @@ def live_adapter_tensors(model: Any, adapter_name: str | None) -> dict[str, torc
     own = type(model).adapter_state_dict is MultiLoraTransformersModel.adapter_state_dict
     if not own or not isinstance(module, nn.Module):
         return model.adapter_state_dict(adapter_name)
-    state = {}
-    for module_name, layer in lora_layers(module).items():
-        if tenant.name in layer.lora_A:
-            for kind in ("lora_A", "lora_B"):
-                weight = getattr(layer, kind)[tenant.name].weight
-                state[f"{PEFT_PREFIX}{module_name}.{kind}.weight"] = weight.detach()
-    return state
+    return {key: w.detach() for key, w in keyed_weights(module, tenant.name).items()}
 
 
 def _copy_into(model: nn.Module, name: str, state: dict, where: str) -> None:
     """Copy PEFT-keyed ``state`` into adapter ``name`` in place; every key and shape is checked
     before the first tensor is copied, so a bad state changes nothing."""
-    targets = {}
-    for module_name, layer in lora_layers(model).items():
-        if name in layer.lora_A:
-            for kind in ("lora_A", "lora_B"):
-                targets[f"{PEFT_PREFIX}{module_name}.{kind}.weight"] = getattr(layer, kind)[name]
+    targets = keyed_weights(model, name)
     if set(targets) != set(state) or any(
-        tuple(getattr(state[k], "shape", ())) != tuple(t.weight.shape) for k, t in targets.items()
+        tuple(getattr(state[k], "shape", ())) != tuple(t.shape) for k, t in targets.items()
     ):
         missing, extra = sorted(set(targets) - set(state)), sorted(set(state) - set(targets))
         raise InvalidArgumentError(
@@ -273,5 +263,5 @@ def _copy_into(model: nn.Module, name: str, state: dict, where: str) -> None:
             f"unexpected {extra[:3]}, or other shapes)"
         )
     with torch.no_grad():
-        for key, module in targets.items():
-            module.weight.copy_(state[key].to(module.weight.dtype))
+        for key, weight in targets.items():
+            weight.copy_(state[key].to(weight.dtype))

@@ -1,5 +1,6 @@
 """Multi-LoRA: many tenants' adapters on one frozen base model, routed per row segment."""
 
+from twinkle.model.lora.experts import MultiLoraExperts
 from twinkle.model.lora.inject import (
     adapter_module_names,
     adapter_parameters,
@@ -8,6 +9,7 @@ from twinkle.model.lora.inject import (
     load_adapter_state_dict,
     remove_adapter,
     resolve_target_modules,
+    resolve_target_parameters,
 )
 from twinkle.model.lora.layer import LoraRouter, MultiLoraLinear, RowRoute
 from twinkle.model.lora.ops import segmented_lora, segmented_lora_reference
@@ -18,6 +20,7 @@ __all__ = [
     "AdapterSpec",
     "LoraRouter",
     "LoraSegment",
+    "MultiLoraExperts",
     "MultiLoraLinear",
     "RowRoute",
     "adapter_module_names",
@@ -28,6 +31,7 @@ __all__ = [
     "load_adapter_state_dict",
     "remove_adapter",
     "resolve_target_modules",
+    "resolve_target_parameters",
     "segmented_lora",
     "segmented_lora_reference",
     "validate_adapter_name",

@@ -8,6 +8,8 @@ import zlib
 import torch
 from torch import nn
 
+from twinkle.errors import InvalidArgumentError
+from twinkle.model.lora.experts import EXPERT_PARAMS, MultiLoraExperts, is_experts_module
 from twinkle.model.lora.layer import LoraRouter, MultiLoraLinear
 from twinkle.model.lora.spec import AdapterSpec
 
@@ -76,7 +78,10 @@ def resolve_target_modules(
 
 
 def adapter_module_names(model: nn.Module, spec: AdapterSpec) -> list[str]:
-    """The full names of the modules ``spec``'s adapter attaches to."""
+    """The full names of the linear modules ``spec``'s adapter attaches to (none for an empty
+    ``target_modules`` beside ``target_parameters``)."""
+    if spec.target_parameters and not spec.target_modules:
+        return []
     return resolve_target_modules(
         model,
         spec.target_modules,
@@ -84,6 +89,44 @@ def adapter_module_names(model: nn.Module, spec: AdapterSpec) -> list[str]:
         spec.layers_to_transform,
         spec.layers_pattern,
     )
+
+
+def resolve_target_parameters(model: nn.Module, spec: AdapterSpec) -> list[tuple[str, str]]:
+    """``(module name, parameter name)`` of every expert weight ``spec.target_parameters``
+    selects, matched as peft matches them: ``<module>.<parameter>`` equal to an entry or ending
+    in ``.<entry>``.
+
+    Raises:
+        InvalidArgumentError: An entry matches no parameter, or matches one that is not an MoE
+            expert weight (``gate_up_proj`` / ``down_proj`` of a transformers experts module).
+    """
+    if not spec.target_parameters:
+        return []
+    chosen, used = [], set()
+    for name, module in model.named_modules():
+        if _inside_lora(name):
+            continue
+        base = module.base_layer if isinstance(module, MultiLoraExperts) else module
+        for param_name, _ in base.named_parameters(recurse=False):
+            key = f"{name}.{param_name}"
+            hits = [t for t in spec.target_parameters if key == t or key.endswith("." + t)]
+            if not hits:
+                continue
+            if not (is_experts_module(base) and param_name in EXPERT_PARAMS):
+                raise InvalidArgumentError(
+                    f"adapter {spec.name!r}: target_parameters entry {hits[0]!r} selects {key!r}, "
+                    f"which is not an MoE expert weight; Twinkle adapts only the "
+                    f"{' and '.join(EXPERT_PARAMS)} of a mixture-of-experts block"
+                )
+            used.update(hits)
+            chosen.append((name, param_name))
+    missing = [t for t in spec.target_parameters if t not in used]
+    if missing:
+        raise InvalidArgumentError(
+            f"adapter {spec.name!r}: target_parameters {missing!r} match no parameter of the "
+            "model (name an MoE expert weight, e.g. 'mlp.experts.gate_up_proj')"
+        )
+    return chosen
 
 
 def _selects(selector, name: str) -> bool:
@@ -134,11 +177,38 @@ def inject_adapter(model: nn.Module, router: LoraRouter, spec: AdapterSpec) -> l
             setattr(parent, child, module)
         generator = torch.Generator().manual_seed(_adapter_seed(spec, name))
         module.add_adapter(spec.for_module(name), generator)
-    return names
+    experts = resolve_target_parameters(model, spec)
+    for name, param in experts:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        module = getattr(parent, child)
+        if not isinstance(module, MultiLoraExperts):
+            module = MultiLoraExperts(module, router)
+            setattr(parent, child, module)
+        key = f"{name}.{param}"
+        local = spec.for_module(key)
+        generator = torch.Generator().manual_seed(_adapter_seed(spec, key))
+        module.add_adapter(spec, param, generator, rank=local.r, alpha=local.lora_alpha)
+    return names + sorted({name for name, _ in experts})
 
 
-def lora_layers(model: nn.Module) -> dict[str, MultiLoraLinear]:
-    return {name: m for name, m in model.named_modules() if isinstance(m, MultiLoraLinear)}
+def lora_layers(model: nn.Module) -> dict[str, MultiLoraLinear | MultiLoraExperts]:
+    """Every adapter-carrying layer of ``model`` by module name: linears and expert blocks."""
+    return {
+        name: m
+        for name, m in model.named_modules()
+        if isinstance(m, (MultiLoraLinear, MultiLoraExperts))
+    }
+
+
+def layer_weights(layer: MultiLoraLinear | MultiLoraExperts, name: str) -> dict[str, nn.Parameter]:
+    """Adapter ``name``'s weights in ``layer`` under their PEFT key suffixes (empty when the
+    layer does not carry it)."""
+    if isinstance(layer, MultiLoraExperts):
+        return layer.adapter_weights(name)
+    if name not in layer.lora_A:
+        return {}
+    return {"lora_A.weight": layer.lora_A[name].weight, "lora_B.weight": layer.lora_B[name].weight}
 
 
 def remove_adapter(model: nn.Module, name: str) -> None:
@@ -151,22 +221,26 @@ def adapter_parameters(model: nn.Module, name: str) -> list[nn.Parameter]:
     """The trainable parameters of one adapter, in a stable order."""
     params = []
     for layer in lora_layers(model).values():
-        if name in layer.lora_A:
-            params.extend([layer.lora_A[name].weight, layer.lora_B[name].weight])
+        params.extend(layer_weights(layer, name).values())
     return params
 
 
 def adapter_state_dict(model: nn.Module, name: str) -> dict[str, torch.Tensor]:
     """A CPU copy of ``name``'s weights under PEFT's saved keys
     (``base_model.model.<module>.lora_A.weight``): later training does not change it."""
-    state = {}
-    for module_name, layer in lora_layers(model).items():
-        if name in layer.lora_A:
-            prefix = PEFT_PREFIX + module_name
-            for kind in ("lora_A", "lora_B"):
-                weight = getattr(layer, kind)[name].weight.detach()
-                state[f"{prefix}.{kind}.weight"] = weight.to("cpu", copy=True).contiguous()
-    return state
+    return {
+        key: weight.detach().to("cpu", copy=True).contiguous()
+        for key, weight in keyed_weights(model, name).items()
+    }
+
+
+def keyed_weights(model: nn.Module, name: str) -> dict[str, nn.Parameter]:
+    """Adapter ``name``'s own parameters (not copies) under PEFT's saved keys."""
+    return {
+        f"{PEFT_PREFIX}{module_name}.{suffix}": weight
+        for module_name, layer in lora_layers(model).items()
+        for suffix, weight in layer_weights(layer, name).items()
+    }
 
 
 def load_adapter_state_dict(model: nn.Module, name: str, state: dict[str, torch.Tensor]) -> None:
@@ -176,7 +250,7 @@ def load_adapter_state_dict(model: nn.Module, name: str, state: dict[str, torch.
         ValueError: On missing or unexpected keys, or a shape mismatch (e.g. another rank or
             another base model).
     """
-    expected = adapter_state_dict(model, name)
+    expected = keyed_weights(model, name)
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
@@ -185,11 +259,9 @@ def load_adapter_state_dict(model: nn.Module, name: str, state: dict[str, torch.
             f"missing {missing[:3]}{'...' if len(missing) > 3 else ''}, "
             f"unexpected {unexpected[:3]}{'...' if len(unexpected) > 3 else ''}"
         )
-    layers = lora_layers(model)
     with torch.no_grad():
         for key, value in state.items():
-            module_name, kind, _ = key[len(PEFT_PREFIX) :].rsplit(".", 2)
-            target = getattr(layers[module_name], kind)[name].weight
+            target = expected[key]
             if tuple(target.shape) != tuple(value.shape):
                 raise ValueError(
                     f"{key}: saved shape {tuple(value.shape)} != adapter shape {tuple(target.shape)}"

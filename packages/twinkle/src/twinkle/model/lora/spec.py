@@ -35,7 +35,11 @@ class AdapterSpec:
         lora_alpha: Scaling numerator (layers named in ``alpha_pattern`` take theirs).
         lora_dropout: Dropout applied to the adapter's input in training passes, per tenant.
         use_rslora: Scale by ``alpha / sqrt(r)`` instead of ``alpha / r``.
-        target_modules: PEFT-style selector: ``'all-linear'``, a regex string or a list of names.
+        target_modules: PEFT-style selector: ``'all-linear'``, a regex string or a list of names
+            (an empty list with ``target_parameters``: no linear layer).
+        target_parameters: PEFT's selector of bare parameters: names or name suffixes of MoE
+            expert weights (``'gate_up_proj'``, ``'mlp.experts.down_proj'``); see
+            :mod:`twinkle.model.lora.experts`.
         exclude_modules: Modules never adapted: a regex string or a list of names / suffixes.
         init_lora_weights: ``True`` (A Kaiming-uniform, B zero), ``'gaussian'`` (A normal with
             std ``1/r``, B zero) or ``False`` (A and B as ``nn.Linear`` initialises them).
@@ -54,6 +58,7 @@ class AdapterSpec:
     lora_dropout: float = 0.0
     use_rslora: bool = False
     target_modules: Any = "all-linear"
+    target_parameters: tuple[str, ...] = ()
     exclude_modules: Any = None
     init_lora_weights: bool | str = True
     rank_pattern: dict[str, int] = field(default_factory=dict)
@@ -111,9 +116,17 @@ def adapter_spec_from_config(name: str, config: Any, seed: int = 0) -> AdapterSp
         raise InvalidArgumentError(
             f"adapter {name!r}: lora_dropout must be in [0, 1), got {dropout}"
         )
-    target = values.get("target_modules") or "all-linear"
+    parameters = _target_parameters(values.get("target_parameters"), name)
+    if parameters and dropout:
+        raise InvalidArgumentError(
+            f"adapter {name!r}: lora_dropout must be 0 with target_parameters (as in peft: "
+            "dropout cannot be factored out of an adapted weight)"
+        )
+    target = values.get("target_modules")
     if isinstance(target, (set, tuple)):
         target = sorted(target)
+    if not target and not (parameters and target == []):
+        target = "all-linear"
     layers, layers_pattern = _layer_selection(values, target, name)
     exclude = values.get("exclude_modules") or None
     if isinstance(exclude, (set, tuple)):
@@ -126,6 +139,7 @@ def adapter_spec_from_config(name: str, config: Any, seed: int = 0) -> AdapterSp
         lora_dropout=dropout,
         use_rslora=bool(values.get("use_rslora", False)),
         target_modules=target,
+        target_parameters=parameters,
         exclude_modules=exclude,
         init_lora_weights=check_init(values.get("init_lora_weights", True), name),
         rank_pattern={
@@ -141,6 +155,21 @@ def adapter_spec_from_config(name: str, config: Any, seed: int = 0) -> AdapterSp
         seed=int(values.get("seed", seed)),
         peft_config=peft_config,
     )
+
+
+def _target_parameters(value: Any, adapter: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple, set)) or not all(
+        isinstance(v, str) and v for v in value
+    ):
+        raise InvalidArgumentError(
+            f"adapter {adapter!r}: target_parameters must be a list of parameter names, "
+            f"got {value!r}"
+        )
+    return tuple(sorted(set(value)))
 
 
 def _rank(value: Any, adapter: str, what: str) -> int:

@@ -144,8 +144,9 @@ def check_adapter_targets(hf_config: Any, adapter: str, selector: Any) -> None:
 
     In transformers 5 the experts are 3-D parameters (``experts.gate_up_proj``,
     ``experts.down_proj``) and the router a plain parameter, not ``nn.Linear`` modules, so
-    PEFT's ``target_modules`` cannot select them (only ``target_parameters`` could, which Twinkle
-    refuses); the attention projections are the adapted layers.
+    PEFT's ``target_modules`` cannot select them (only ``target_parameters``, which this backend
+    refuses; ``backend: transformers`` honours it); the attention projections are the adapted
+    layers.
 
     Raises:
         InvalidArgumentError: Naming ``target_modules``.
@@ -167,8 +168,8 @@ def check_adapter_targets(hf_config: Any, adapter: str, selector: Any) -> None:
             f"adapter {adapter!r}: LoraConfig field target_modules={selector!r} is refused: it "
             f"selects {named} of an MoE model's router/experts, which carry no LoRA here (the "
             "experts are 3-D parameters, not nn.Linear modules, in transformers 5: PEFT's "
-            "target_modules cannot select them, only target_parameters, which Twinkle does not "
-            "implement); adapt the attention projections (q_proj, "
+            "target_modules cannot select them, only target_parameters, which backend 'megatron' "
+            "refuses); adapt the attention projections (q_proj, "
             "k_proj, v_proj, o_proj) or use 'all-linear'"
         )
 

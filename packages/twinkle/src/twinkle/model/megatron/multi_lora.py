@@ -151,6 +151,12 @@ class MultiLoraMegatronModel(MultiLoraTransformersModel):
                 ``pp_size > 1``, or any LoraConfig field the transformers backend refuses.
         """
         spec = adapter_spec_from_config(adapter_name, config)
+        if spec.target_parameters:
+            raise InvalidArgumentError(
+                f"adapter {adapter_name!r}: LoraConfig field target_parameters is refused: "
+                "LoRA on MoE experts is built on backend 'transformers' only; backend "
+                "'megatron' adapts the dense layers (attention, lm_head)"
+            )
         selector = spec.target_modules
         if self.pp_size > 1 and _selects_head_only(selector, self.model.config):
             # The head lives on the last stage: every earlier stage would hold no part of this

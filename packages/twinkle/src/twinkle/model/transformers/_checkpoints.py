@@ -13,16 +13,14 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from twinkle.model import checkpoint as ckpt
-from twinkle.model.lora import adapter_state_dict, load_adapter_state_dict, resolve_target_modules
+from twinkle.model.lora import adapter_module_names, adapter_state_dict, load_adapter_state_dict
 from twinkle.model.tenant import Tenant
 
 
 def _peft_config(tenant: Tenant, base_model: torch.nn.Module, model_dir: Any) -> dict[str, Any]:
     spec = tenant.spec
     config = {k: v for k, v in spec.peft_config.items() if _jsonable(v)}
-    prefix_free = sorted(
-        {n.rsplit(".", 1)[-1] for n in resolve_target_modules(base_model, spec.target_modules)}
-    )
+    prefix_free = sorted({n.rsplit(".", 1)[-1] for n in adapter_module_names(base_model, spec)})
     config.update(
         peft_type="LORA",
         task_type="CAUSAL_LM",

@@ -19,11 +19,12 @@ from twinkle.model.flat import FlatAdapter
 from twinkle.model.lora import (
     LoraRouter,
     RowRoute,
+    adapter_module_names,
     adapter_parameters,
     adapter_spec_from_config,
     inject_adapter,
     remove_adapter,
-    resolve_target_modules,
+    resolve_target_parameters,
 )
 from twinkle.model.memory import apply_process_options
 from twinkle.model.metrics import Metric
@@ -168,7 +169,9 @@ class MultiLoraTransformersModel(CheckpointMethods):
         spec = adapter_spec_from_config(adapter_name, config, seed=kwargs.pop("seed", self.seed))
         if kwargs:
             raise ArgumentTypeError(f"unexpected arguments: {', '.join(kwargs)}")
-        resolve_target_modules(self.model, spec.target_modules)  # fail before touching the model
+        # Fail before touching the model.
+        adapter_module_names(self.model, spec)
+        resolve_target_parameters(self.model, spec)
         if self.pager is not None:
             self.pager.added(self.tenants, adapter_name)  # frees a slot (or raises) first
         try:
