@@ -32,8 +32,8 @@ def train(model, out_dir):
 @pytest.mark.slow
 def test_ep2_rows_split_equals_the_transformers_backend(tmp_path):
     """ep=2, two tenants r4 / r8 (3 and 2 rows: split 2/1 and 1/1 over the expert ranks; the
-    experts carry no LoRA, refused by this backend): losses, post-step adapters and the saved
-    checkpoint equal the transformers backend, and each rank ran only its rows."""
+    experts carry no LoRA: expert adapters are refused at ep > 1): losses, post-step adapters
+    and the saved checkpoint equal the transformers backend, and each rank ran only its rows."""
     from twinkle.errors import InvalidArgumentError
     from twinkle.model import MultiLoraTransformersModel
     from twinkle.model.megatron.parallel import ParallelMegatronModel
@@ -66,6 +66,10 @@ def test_ep2_rows_split_equals_the_transformers_backend(tmp_path):
             ep2.forward_backward(marked, adapter_name="b")
         assert time.monotonic() - started < 60
         assert ep2.forward_backward(make_batch(2, 8, 9), adapter_name="a")["loss"] > 0
+        expert = {"r": 4, "target_parameters": ["mlp.experts.down_proj"]}
+        with pytest.raises(InvalidArgumentError, match="target_parameters.*ep_size > 1"):
+            ep2.add_adapter_to_model("x", expert)
+        assert sorted(ep2.list_adapters()) == ["a", "b"]
     assert_equals_reference((ref_losses[:4], ref_states, ref_saved), losses[:4], states, saved)
     assert losses[4] == pytest.approx(ref_losses[4], rel=1e-4)
     for key, want in ref_a.items():

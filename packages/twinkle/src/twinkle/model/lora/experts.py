@@ -126,27 +126,31 @@ class MultiLoraExperts(nn.Module):
         b_e = b.view(b.shape[0], r, e)[:, :, expert]  # [out, r]
         return a_e, b_e, self.scaling[(name, param)]
 
-    def forward(
-        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
-    ) -> torch.Tensor:
-        routes = self._router.routes
-        owners = [r.adapter for r in routes if self.has_adapter(r.adapter)]
-        if not owners:
-            return self.base_layer(hidden_states, top_k_index, top_k_weights)
-        rows = max(r.end for r in routes)
-        per_row, rest = divmod(hidden_states.shape[0], rows)
-        if rest or not per_row:
-            raise ValueError(
-                f"an experts layer got {hidden_states.shape[0]} tokens, not a multiple of the "
-                f"pass's {rows} rows"
-            )
-        # Per token, the index in `slots` of the tenant whose expert adapter it uses (-1: none).
-        slots = list(dict.fromkeys(owners))
-        owner = torch.full((rows,), -1, dtype=torch.long, device=hidden_states.device)
+    def routed_slots(self, routes) -> tuple[list[str], torch.Tensor | None]:
+        """The routed tenants that have an expert adapter here (``slots``), and per row of the
+        pass the index of its tenant in ``slots`` (``-1``: none); ``([], None)`` when none."""
+        slots = list(dict.fromkeys(r.adapter for r in routes if self.has_adapter(r.adapter)))
+        if not slots:
+            return [], None
+        owner = torch.full((max(r.end for r in routes),), -1, dtype=torch.long)
         for route in routes:
             if route.adapter in slots:
                 owner[route.start : route.end] = slots.index(route.adapter)
-        token_owner = owner.repeat_interleave(per_row)
+        return slots, owner
+
+    def forward(
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
+        slots, owner = self.routed_slots(self._router.routes)
+        if owner is None:
+            return self.base_layer(hidden_states, top_k_index, top_k_weights)
+        per_row, rest = divmod(hidden_states.shape[0], owner.shape[0])
+        if rest or not per_row:
+            raise ValueError(
+                f"an experts layer got {hidden_states.shape[0]} tokens, not a multiple of the "
+                f"pass's {owner.shape[0]} rows"
+            )
+        token_owner = owner.to(hidden_states.device).repeat_interleave(per_row)
         return self._experts_loop(hidden_states, top_k_index, top_k_weights, token_owner, slots)
 
     def _experts_loop(self, hidden, top_k_index, top_k_weights, token_owner, slots):
@@ -161,19 +165,20 @@ class MultiLoraExperts(nn.Module):
                 continue  # transformers marks dropped tokens with index E
             pos, tok = torch.where(mask[expert])
             x = hidden[tok]
-            own = token_owner[tok]
-            present = [s for s in own.unique().tolist() if s >= 0]
-            groups = [(slots[s], (own == s).nonzero()[:, 0]) for s in present]
-            h = self._project(x, base.gate_up_proj[expert], "gate_up_proj", expert, groups)
+            groups = token_groups(token_owner[tok], slots)
+            h = nn.functional.linear(x, base.gate_up_proj[expert])
+            h = self.add_delta(h, x, "gate_up_proj", expert, groups)
             gate, up = h.chunk(2, dim=-1)
             h = base.act_fn(gate) * up
-            y = self._project(h, base.down_proj[expert], "down_proj", expert, groups)
+            y = nn.functional.linear(h, base.down_proj[expert])
+            y = self.add_delta(y, h, "down_proj", expert, groups)
             y = y * top_k_weights[tok, pos, None]
             out.index_add_(0, tok, y.to(out.dtype))
         return out
 
-    def _project(self, x, weight, param, expert, groups):
-        y = nn.functional.linear(x, weight)
+    def add_delta(self, y, x, param: str, expert: int, groups) -> torch.Tensor:
+        """``y`` (the base projection of ``x``, one expert's tokens) plus, for each
+        ``(tenant, token indices)`` of ``groups``, that tenant's delta on those tokens."""
         for name, sel in groups:
             factors = self._factors(name, param, expert)
             if factors is None:
@@ -182,3 +187,10 @@ class MultiLoraExperts(nn.Module):
             delta = (x[sel] @ a_e.t()) @ b_e.t() * scaling
             y = y.index_add(0, sel, delta.to(y.dtype))
         return y
+
+
+def token_groups(owner: torch.Tensor, slots: list[str]) -> list[tuple[str, torch.Tensor]]:
+    """``(tenant, indices into owner)`` for each tenant of ``slots`` present in ``owner``
+    (per token, an index into ``slots``, or -1)."""
+    present = [s for s in owner.unique().tolist() if s >= 0]
+    return [(slots[s], (owner == s).nonzero()[:, 0]) for s in present]

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from twinkle.model.lora import LoraRouter, MultiLoraLinear
-from twinkle.model.megatron import _moe, _tp_lora
+from twinkle.model.megatron import _moe, _moe_lora, _tp_lora
 from twinkle.model.megatron._shims import cpu_shims
 
 
@@ -56,7 +56,8 @@ class _HFView(nn.Module):
         super().__init__()
         h = hf_config.hidden_size
         # An MoE layer's router and experts are no nn.Linear in HF either (3-D expert
-        # parameters): its mlp carries no adapter (see _moe.check_adapter_targets).
+        # parameters): its mlp has no linears to adapt (see _moe.check_adapter_targets), only
+        # the experts' stand-in, which target_parameters adapts (see _moe_lora).
         dense_mlp = not _moe.is_moe(hf_config)
         d = getattr(hf_config, "head_dim", None) or h // hf_config.num_attention_heads
         q, kv, ffn = (
@@ -84,6 +85,10 @@ class _HFView(nn.Module):
             mlp_parts = {"gate_proj": (h, ffn), "up_proj": (h, ffn), "down_proj": (ffn, h)}
             for name, (i, o) in (mlp_parts if dense_mlp else {}).items():
                 setattr(layer.mlp, name, lin(i, o))
+            if not dense_mlp:
+                layer.mlp.experts = _moe_lora.ShapeOnlyExperts(
+                    _moe.num_experts(hf_config), h, hf_config.moe_intermediate_size, like
+                )
             layers.append(layer)
         if len(indices) == hf_config.num_hidden_layers:
             self.layers = nn.ModuleList(layers)
@@ -216,6 +221,7 @@ class MegatronCausalLM(nn.Module):
         #: parallel its share of the rows, not the whole batch).
         self.rows_computed = self.tokens_computed = 0
         groups = hf_config.num_key_value_heads
+        self._hooks: list[_moe_lora.ExpertLoraHook] = []
         views = self.model.layers
         views = views.values() if isinstance(views, nn.ModuleDict) else views
         for view, layer in zip(views, gpt.decoder.layers, strict=True):
@@ -232,6 +238,8 @@ class MegatronCausalLM(nn.Module):
                 mlp.linear_fc2 = _LoraParallelLinear(
                     mlp.linear_fc2, [m.down_proj], "row", 1, tp_size
                 )
+            elif hasattr(m, "experts"):  # an MoE layer: the experts' adapters, per token
+                self._hooks.append(_moe_lora.ExpertLoraHook(mlp, m, router))
 
     def get_input_embeddings(self) -> nn.Module:
         embedding = self.gpt.embedding.word_embeddings

@@ -43,6 +43,14 @@ _PROJECTIONS = (
 )
 
 
+def _expert_parallel_size() -> int:
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        return 1
+    return ps.get_expert_model_parallel_world_size()
+
+
 def _selects_head_only(selector: Any, hf_config: Any) -> bool:
     """``selector`` picks ``lm_head`` and none of the layers' projections (decided the same on
     every pipeline stage, from the config alone)."""
@@ -151,11 +159,11 @@ class MultiLoraMegatronModel(MultiLoraTransformersModel):
                 ``pp_size > 1``, or any LoraConfig field the transformers backend refuses.
         """
         spec = adapter_spec_from_config(adapter_name, config)
-        if spec.target_parameters:
+        if spec.target_parameters and _expert_parallel_size() > 1:
             raise InvalidArgumentError(
-                f"adapter {adapter_name!r}: LoraConfig field target_parameters is refused: "
-                "LoRA on MoE experts is built on backend 'transformers' only; backend "
-                "'megatron' adapts the dense layers (attention, lm_head)"
+                f"adapter {adapter_name!r}: LoraConfig field target_parameters is refused with "
+                "ep_size > 1: LoRA on MoE experts is built at expert parallel 1 (backend "
+                "'transformers', or 'megatron' with ep_size 1); see docs/megatron.md"
             )
         selector = spec.target_modules
         if self.pp_size > 1 and _selects_head_only(selector, self.model.config):
