@@ -149,7 +149,9 @@ def _train_expert_tenants(model, out_dir):
     first = model.forward_backward_many(batches)
     model.clip_grad_and_step_many(list(EXPERT_TENANTS), max_grad_norm=0.5)
     second = model.forward_backward_many(batches)
-    losses = [first[n]["loss"] for n in EXPERT_TENANTS] + [second[n]["loss"] for n in EXPERT_TENANTS]
+    losses = [first[n]["loss"] for n in EXPERT_TENANTS] + [
+        second[n]["loss"] for n in EXPERT_TENANTS
+    ]
     states = {n: model.adapter_state_dict(adapter_name=n) for n in EXPERT_TENANTS}
     saved = model.save("ckpt", output_dir=str(out_dir), adapter_name="e")
     return losses, states, saved
@@ -183,9 +185,7 @@ def test_expert_lora_is_refused_under_expert_parallel(model, monkeypatch):
 
     monkeypatch.setattr(multi_lora, "_expert_parallel_size", lambda: 2)
     with pytest.raises(InvalidArgumentError, match="target_parameters.*ep_size > 1"):
-        model.add_adapter_to_model(
-            "x", {"r": 4, "target_parameters": ["mlp.experts.gate_up_proj"]}
-        )
+        model.add_adapter_to_model("x", {"r": 4, "target_parameters": ["mlp.experts.gate_up_proj"]})
     assert "x" not in model.tenants
 
 
