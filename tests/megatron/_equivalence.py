@@ -82,6 +82,38 @@ def train_two_tenants(model, out_dir):
     return losses, states, saved
 
 
+EXPERT_TENANTS = {  # name: (rank, target_parameters, seed)
+    "e": (4, ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"], 1),
+    "d": (8, None, 2),  # no expert adapter: its rows share the pass with e's
+    "g": (2, ["gate_up_proj"], 3),
+}
+
+
+def train_expert_tenants(model, out_dir, extra: bool = False):
+    """The three tenants' fused pass, clipped Adam step and second pass; losses and adapters."""
+    for name, (r, params, seed) in EXPERT_TENANTS.items():
+        config = {"r": r, "lora_alpha": 2 * r, "init_lora_weights": False}
+        if params:
+            config["target_parameters"] = params
+        model.add_adapter_to_model(name, config, seed=seed)
+        model.set_optimizer("Adam", adapter_name=name, lr=1e-2, eps=1.0)
+    # 3, 4 and 5 rows: under ep=2 split 2/1, 2/2 and 3/2 (unequal shares of e's and g's loss).
+    batches = {n: {"inputs": make_batch(3 + i, 12 - i, i)} for i, n in enumerate(EXPERT_TENANTS)}
+    first = model.forward_backward_many(batches)
+    model.clip_grad_and_step_many(list(EXPERT_TENANTS), max_grad_norm=0.5)
+    second = model.forward_backward_many(batches)
+    losses = [first[n]["loss"] for n in EXPERT_TENANTS] + [
+        second[n]["loss"] for n in EXPERT_TENANTS
+    ]
+    if extra:  # one row: under expert parallel fewer rows than ranks, run whole on each
+        out = model.forward_backward_many({"e": {"inputs": make_batch(1, 9, 7)}})
+        model.clip_grad_and_step_many(["e"], max_grad_norm=0.5)
+        losses.append(out["e"]["loss"])
+    states = {n: model.adapter_state_dict(adapter_name=n) for n in EXPERT_TENANTS}
+    saved = model.save("ckpt", output_dir=str(out_dir), adapter_name="e")
+    return losses, states, saved
+
+
 def assert_rel_close(got, want, rel=1e-4):
     scale = want.abs().max().clamp_min(1e-12)
     assert float((got - want).abs().max() / scale) <= rel

@@ -9,7 +9,12 @@ pytest.importorskip("megatron.core", reason="megatron-core is not installed")
 
 import torch  # noqa: E402
 
-from tests.megatron._equivalence import TENANTS, make_batch  # noqa: E402
+from tests.megatron._equivalence import (  # noqa: E402
+    EXPERT_TENANTS,
+    TENANTS,
+    make_batch,
+    train_expert_tenants,
+)
 from twinkle.errors import InvalidArgumentError  # noqa: E402
 from twinkle.hub import load_config  # noqa: E402
 from twinkle.model.lora import RowRoute  # noqa: E402
@@ -130,33 +135,6 @@ def test_lora_on_experts_or_router_is_refused_naming_target_modules(model, targe
     assert "x" not in model.tenants
 
 
-EXPERT_TENANTS = {  # name: (rank, target_parameters, seed)
-    "e": (4, ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"], 1),
-    "d": (8, None, 2),  # no expert adapter: its rows share the pass with e's
-    "g": (2, ["gate_up_proj"], 3),
-}
-
-
-def _train_expert_tenants(model, out_dir):
-    """The three tenants' fused pass, clipped Adam step and second pass; losses and adapters."""
-    for name, (r, params, seed) in EXPERT_TENANTS.items():
-        config = {"r": r, "lora_alpha": 2 * r, "init_lora_weights": False}
-        if params:
-            config["target_parameters"] = params
-        model.add_adapter_to_model(name, config, seed=seed)
-        model.set_optimizer("Adam", adapter_name=name, lr=1e-2, eps=1.0)
-    batches = {n: {"inputs": make_batch(2 + i, 12 - i, i)} for i, n in enumerate(EXPERT_TENANTS)}
-    first = model.forward_backward_many(batches)
-    model.clip_grad_and_step_many(list(EXPERT_TENANTS), max_grad_norm=0.5)
-    second = model.forward_backward_many(batches)
-    losses = [first[n]["loss"] for n in EXPERT_TENANTS] + [
-        second[n]["loss"] for n in EXPERT_TENANTS
-    ]
-    states = {n: model.adapter_state_dict(adapter_name=n) for n in EXPERT_TENANTS}
-    saved = model.save("ckpt", output_dir=str(out_dir), adapter_name="e")
-    return losses, states, saved
-
-
 def test_expert_lora_equals_the_transformers_backend(model, tmp_path):
     """LoRA on the experts (target_parameters) through megatron's router, dispatcher and
     SequentialMLP: losses and post-step adapters equal the transformers backend's (1e-4), and
@@ -167,8 +145,8 @@ def test_expert_lora_equals_the_transformers_backend(model, tmp_path):
     from twinkle.model import MultiLoraTransformersModel
 
     reference = MultiLoraTransformersModel(MOE, device="cpu", torch_dtype=torch.float32)
-    ref_losses, ref_states, ref_dir = _train_expert_tenants(reference, tmp_path / "ref")
-    losses, states, saved = _train_expert_tenants(model, tmp_path / "megatron")
+    ref_losses, ref_states, ref_dir = train_expert_tenants(reference, tmp_path / "ref")
+    losses, states, saved = train_expert_tenants(model, tmp_path / "megatron")
     assert losses == pytest.approx(ref_losses, rel=1e-4)
     assert ref_losses[3] != pytest.approx(ref_losses[0], rel=1e-3)  # the step moved "e"
     assert any(".mlp.experts.base_layer.lora_B" in k for k in states["e"])
@@ -178,15 +156,6 @@ def test_expert_lora_equals_the_transformers_backend(model, tmp_path):
             assert_rel_close(states[name][key], want)
     files, ref_files = (load_file(f"{d}/adapter_model.safetensors") for d in (saved, ref_dir))
     assert set(files) == set(ref_files)
-
-
-def test_expert_lora_is_refused_under_expert_parallel(model, monkeypatch):
-    from twinkle.model.megatron import multi_lora
-
-    monkeypatch.setattr(multi_lora, "_expert_parallel_size", lambda: 2)
-    with pytest.raises(InvalidArgumentError, match="target_parameters.*ep_size > 1"):
-        model.add_adapter_to_model("x", {"r": 4, "target_parameters": ["mlp.experts.gate_up_proj"]})
-    assert "x" not in model.tenants
 
 
 def test_each_expert_parallel_rank_loads_its_experts(monkeypatch):

@@ -110,7 +110,7 @@ def test_a_dead_rank_fails_the_next_call_at_once():
 
 
 @pytest.mark.parametrize("launcher", ["process", pytest.param("ray", marks=pytest.mark.slow)])
-def test_a_rank_failing_alone_fails_its_call_in_seconds(monkeypatch, launcher):
+def test_a_rank_failing_alone_fails_its_call_in_seconds(monkeypatch, request, launcher):
     """One tp rank's loss raises (as an out-of-memory on one device would) while its peer goes
     on into the backward's all-reduce and waits there for it: the call fails with that rank's
     error once ``PEER_GRACE_S`` has passed, not after the 600 s call timeout, and the workers
@@ -122,8 +122,8 @@ def test_a_rank_failing_alone_fails_its_call_in_seconds(monkeypatch, launcher):
     from twinkle.model.megatron.parallel import ParallelMegatronModel
 
     if launcher == "ray":
-        ray = pytest.importorskip("ray")
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        # A Ray another module started is reused (the fixture leaves it running then).
+        request.getfixturevalue("local_ray")
     monkeypatch.setattr(_ranks, "PEER_GRACE_S", 2.0)
     model = ParallelMegatronModel("tiny://qwen3", tp_size=2, launcher=launcher)
     try:
@@ -139,5 +139,3 @@ def test_a_rank_failing_alone_fails_its_call_in_seconds(monkeypatch, launcher):
         assert model.closed
     finally:
         model.close()
-        if launcher == "ray":
-            ray.shutdown()

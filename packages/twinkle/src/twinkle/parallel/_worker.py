@@ -240,6 +240,11 @@ class ReplicaWorker:
             )
         return self._reduce_gradients(tenants, snapshots, stats, sums, seqs, results, losses)
 
+    def _prescaled_params(self) -> set[int]:
+        """Ids of parameters whose gradients this call already scaled during the backward
+        (none here; expert parallel's expert adapters, see ``ExpertRanksSync``)."""
+        return set()
+
     def _stats(
         self, tenant, present: dict[str, Any], results: dict[str, Any], loss: Any
     ) -> norm.ShardStats:
@@ -257,8 +262,9 @@ class ReplicaWorker:
             total = norm.global_norm(kind, float(sums[i, 1]), int(sums[i, 2]), int(seqs[i]))
             scales.append(norm.scale(kind, stats[i], total))
             totals.append(total)
+        done = self._prescaled_params()
         flat = torch.cat([
-            (p.grad.detach().float() * scale if p.grad is not None else torch.zeros(p.numel(), device=p.device)).reshape(-1)
+            (p.grad.detach().float() * (1.0 if id(p) in done else scale) if p.grad is not None else torch.zeros(p.numel(), device=p.device)).reshape(-1)
             for tenant, scale in zip(tenants, scales) for p in tenant.params
         ])  # fmt: skip
         dist.all_reduce(flat)

@@ -105,6 +105,10 @@ class MultiLoraExperts(nn.Module):
     def has_adapter(self, name: str) -> bool:
         return any(name in self.lora_A[p] for p in EXPERT_PARAMS)
 
+    def adapter_names(self) -> list[str]:
+        """Every adapter this layer carries, sorted: a numbering every rank agrees on."""
+        return sorted({n for p in EXPERT_PARAMS for n in self.lora_A[p]})
+
     def adapter_weights(self, name: str) -> dict[str, nn.Parameter]:
         """``name``'s weights under their PEFT key suffixes (after the module's name)."""
         params = [p for p in EXPERT_PARAMS if name in self.lora_A[p]]
@@ -176,17 +180,49 @@ class MultiLoraExperts(nn.Module):
             out.index_add_(0, tok, y.to(out.dtype))
         return out
 
-    def add_delta(self, y, x, param: str, expert: int, groups) -> torch.Tensor:
+    def add_delta(self, y, x, param: str, expert: int, groups, weight_of=None) -> torch.Tensor:
         """``y`` (the base projection of ``x``, one expert's tokens) plus, for each
-        ``(tenant, token indices)`` of ``groups``, that tenant's delta on those tokens."""
+        ``(tenant, token indices)`` of ``groups``, that tenant's delta on those tokens.
+
+        ``weight_of(tenant, indices)`` (optional) gives a function, called in the backward,
+        returning those tokens' weights on the adapter weights' gradients (not on ``x``'s), or
+        ``None`` for none: how expert parallel weighs tokens that came from other ranks (see
+        :mod:`twinkle.model.megatron._moe_lora`)."""
         for name, sel in groups:
             factors = self._factors(name, param, expert)
             if factors is None:
                 continue
             a_e, b_e, scaling = factors
-            delta = (x[sel] @ a_e.t()) @ b_e.t() * scaling
+            if weight_of is None:
+                delta = (x[sel] @ a_e.t()) @ b_e.t() * scaling
+            else:
+                delta = WeightedDelta.apply(x[sel], a_e, b_e, scaling, weight_of(name, sel))
             y = y.index_add(0, sel, delta.to(y.dtype))
         return y
+
+
+class WeightedDelta(torch.autograd.Function):
+    """``scaling * (x @ a.T) @ b.T`` whose backward weighs each token's share of ``a``'s and
+    ``b``'s gradients by ``weights()`` (``[tokens]``, read when the backward runs; ``None``:
+    unweighted) and leaves ``x``'s gradient unweighted."""
+
+    @staticmethod
+    def forward(ctx, x, a, b, scaling, weights):
+        h = x @ a.t()
+        ctx.save_for_backward(x, a, b, h)
+        ctx.scaling, ctx.weights = scaling, weights
+        return (h @ b.t()) * scaling
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, a, b, h = ctx.saved_tensors
+        s = ctx.scaling
+        grad_x = ((grad @ b) * s) @ a
+        w = ctx.weights()
+        weighted = grad if w is None else grad * w.to(grad.device, grad.dtype)[:, None]
+        grad_b = (weighted.t() @ h) * s
+        grad_a = ((weighted @ b) * s).t() @ x
+        return grad_x, grad_a, grad_b, None, None
 
 
 def token_groups(owner: torch.Tensor, slots: list[str]) -> list[tuple[str, torch.Tensor]]:

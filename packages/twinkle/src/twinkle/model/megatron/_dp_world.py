@@ -94,6 +94,18 @@ class ExpertRanksSync(replica_worker.ReplicaWorker):
             return super().forward_backward_many(shards, order)
         finally:
             self.model._pass_agreement = None
+            self.model.expert_token_scales.by_tenant = None
+            self._prescaled = set()
+            self._call = None
+
+    def _synchronised(self, order, present, run, losses=None):
+        # What the agreement before the backward needs to weigh the experts' tokens.
+        losses = {n: (losses or {}).get(n) or self.model.tenant(n).loss for n in order}
+        self._call = (order, present, losses)
+        return super()._synchronised(order, present, run, losses)
+
+    def _prescaled_params(self) -> set[int]:
+        return getattr(self, "_prescaled", set())
 
     def _sum_over_ranks(self, values: list[float]):
         """``values`` summed over the expert ranks (one all-reduce over the dp group)."""
@@ -114,6 +126,48 @@ class ExpertRanksSync(replica_worker.ReplicaWorker):
                 f"rank {self.rank}: another expert rank's loss failed before the backward; "
                 "nothing was applied"
             )
+        self._agree_expert_scales()
+
+    def _agree_expert_scales(self) -> None:
+        """Every rank's gradient scale for each tenant of the call (one all-reduce of the
+        ranks' loss statistics), for the expert adapters' per-token weighting (see
+        :mod:`._moe_lora`); those adapters then skip the scale after the backward. Nothing to
+        do while no tenant has an expert adapter (the same answer on every rank)."""
+        import torch
+        from megatron.core import parallel_state as ps
+
+        order, present, losses = self._call
+        tenants = [self.model.tenant(name) for name in order]
+        experts = [self.model.expert_parameters(t.name) for t in tenants]
+        if not any(experts):
+            return
+        world, rank = self.world_size, ps.get_expert_model_parallel_rank()
+        table = torch.zeros(world, len(tenants), 4, dtype=torch.float64)
+        for i, tenant in enumerate(tenants):
+            stat = self._stats(tenant, present, present, losses[tenant.name])
+            table[rank, i] = torch.tensor([stat.norm, stat.rows, stat.seq, stat.tokens])
+        table = table.to(self.model.device)
+        replica_worker.dist.all_reduce(table)
+        table = table.cpu()
+        scales = {}
+        for i, tenant in enumerate(tenants):
+            kind = _normalisation.normaliser_kind(losses[tenant.name])
+            col = table[:, i]
+            total = _normalisation.global_norm(
+                kind, float(col[:, 0].sum()), int(col[:, 1].sum()), int(col[:, 2].max())
+            )
+            scales[tenant.name] = torch.tensor(
+                [
+                    _normalisation.scale(
+                        kind,
+                        _normalisation.ShardStats(float(n), int(r), int(q), int(k)),
+                        total,
+                    )
+                    for n, r, q, k in col.tolist()
+                ]
+            )
+        self.model.expert_token_scales.by_tenant = scales
+        self._prescaled = {id(p) for params in experts for p in params}
 
 
 def _ask_reference(model: Any, shards: dict[str, Any]) -> dict[str, Any]:

@@ -222,6 +222,7 @@ class MegatronCausalLM(nn.Module):
         self.rows_computed = self.tokens_computed = 0
         groups = hf_config.num_key_value_heads
         self._hooks: list[_moe_lora.ExpertLoraHook] = []
+        self.expert_token_scales = _moe_lora.TokenScales()
         views = self.model.layers
         views = views.values() if isinstance(views, nn.ModuleDict) else views
         for view, layer in zip(views, gpt.decoder.layers, strict=True):
@@ -239,7 +240,9 @@ class MegatronCausalLM(nn.Module):
                     mlp.linear_fc2, [m.down_proj], "row", 1, tp_size
                 )
             elif hasattr(m, "experts"):  # an MoE layer: the experts' adapters, per token
-                self._hooks.append(_moe_lora.ExpertLoraHook(mlp, m, router))
+                self._hooks.append(
+                    _moe_lora.ExpertLoraHook(mlp, m, router, self.expert_token_scales)
+                )
 
     def get_input_embeddings(self) -> nn.Module:
         embedding = self.gpt.embedding.word_embeddings

@@ -144,9 +144,8 @@ def check_adapter_targets(hf_config: Any, adapter: str, selector: Any) -> None:
 
     In transformers 5 the experts are 3-D parameters (``experts.gate_up_proj``,
     ``experts.down_proj``) and the router a plain parameter, not ``nn.Linear`` modules, so
-    PEFT's ``target_modules`` cannot select them (only ``target_parameters``, which this backend
-    refuses; ``backend: transformers`` honours it); the attention projections are the adapted
-    layers.
+    PEFT's ``target_modules`` cannot select them; ``target_parameters`` adapts the experts
+    (:mod:`._moe_lora`), ``target_modules`` the attention projections.
 
     Raises:
         InvalidArgumentError: Naming ``target_modules``.
@@ -166,10 +165,11 @@ def check_adapter_targets(hf_config: Any, adapter: str, selector: Any) -> None:
     if named:
         raise InvalidArgumentError(
             f"adapter {adapter!r}: LoraConfig field target_modules={selector!r} is refused: it "
-            f"selects {named} of an MoE model's router/experts, which carry no LoRA here (the "
-            "experts are 3-D parameters, not nn.Linear modules, in transformers 5: PEFT's "
-            "target_modules cannot select them, only target_parameters, which backend 'megatron' "
-            "refuses); adapt the attention projections (q_proj, "
+            f"selects {named} of an MoE model's router/experts, which target_modules cannot "
+            "reach (the experts are 3-D parameters, not nn.Linear modules, in transformers 5; "
+            "the router carries no LoRA): adapt the experts with target_parameters, e.g. "
+            "['mlp.experts.gate_up_proj', 'mlp.experts.down_proj'], and the attention "
+            "projections (q_proj, "
             "k_proj, v_proj, o_proj) or use 'all-linear'"
         )
 

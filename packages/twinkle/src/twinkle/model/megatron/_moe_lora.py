@@ -7,16 +7,20 @@ The adapters live in the HF view (:mod:`._model`) as on the transformers backend
 
 Megatron's MoE layer routes, permutes and (under expert parallel) all-to-alls the tokens before
 its ``SequentialMLP`` sees them, so an expert no longer knows which row, hence which tenant, a
-token came from. :class:`ExpertLoraHook` carries that along: when a routed tenant has an expert
-adapter, each token gets one more hidden channel holding its tenant's index, which megatron's
-dispatcher permutes with the token; the experts strip it and add each tenant's deltas to its
-tokens' ``linear_fc1`` (gate/up) and ``linear_fc2`` (down) outputs. Passes without such a tenant
-run megatron's own layer unchanged.
+token came from. :class:`ExpertLoraHook` carries that along: while any tenant has an expert
+adapter in the layer, each token gets one more hidden channel holding its tenant's number and its
+source rank, which megatron's dispatcher permutes (and all-to-alls) with the token; the experts
+strip it and add each tenant's deltas to its tokens' ``linear_fc1`` (gate/up) and ``linear_fc2``
+(down) outputs. Layers without expert adapters run megatron's own code unchanged.
 
-Not under expert parallel > 1: there an expert's gradient sums tokens of every rank, each
-normalised by its own rank's share of the tenant's loss, while the data-parallel step scales each
-rank's gradients by one factor after the backward; exact gradients need that factor per source
-token. Refused (``ep_size > 1`` with ``target_parameters``) until built.
+Expert parallel (ep > 1). Every rank keeps each tenant's whole expert adapter (PEFT shapes,
+replicated like the dense adapters) and uses its local experts' slices. An expert's gradient
+then sums tokens from every rank, each carrying its own rank's loss normalisation, while the
+data-parallel step scales a rank's gradients by that rank's share after the backward. So the
+expert adapters' gradients are scaled per token instead, by the token's source rank's share
+(:class:`TokenScales`, agreed before the backward by :class:`~._dp_world.ExpertRanksSync`), and
+skip the after-backward scale; the all-reduce then sums each expert's slice from the rank that
+holds it, and every rank has the whole, exact gradient.
 """
 
 from __future__ import annotations
@@ -45,15 +49,40 @@ class ShapeOnlyExperts(nn.Module):
         raise RuntimeError("the HF view only carries adapters; megatron computes the experts")
 
 
+class TokenScales:
+    """Per tenant, each expert-parallel rank's gradient scale for this call (``[ep]``), set by
+    the expert ranks' agreement before the backward; ``None`` outside such a call (and at ep 1,
+    where a rank's experts see only its own tokens)."""
+
+    def __init__(self) -> None:
+        self.by_tenant: dict[str, torch.Tensor] | None = None
+
+
+def _ep() -> tuple[int, int]:
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        return 1, 0
+    return ps.get_expert_model_parallel_world_size(), ps.get_expert_model_parallel_rank()
+
+
 class ExpertLoraHook:
     """Adds the routed tenants' expert adapters of ``view_mlp.experts`` to megatron MoE layer
-    ``moe`` (its ``preprocess`` and its experts' ``forward``, replaced on the instances)."""
+    ``moe`` (its ``preprocess`` and its experts' ``forward``, replaced on the instances).
 
-    def __init__(self, moe: nn.Module, view_mlp: nn.Module, router: LoraRouter) -> None:
-        self.moe, self.view_mlp, self.router = moe, view_mlp, router
+    The extra channel holds ``tenant * ep + source rank`` per token, ``tenant`` numbering the
+    layer's adapters in sorted order (the same on every rank): under expert parallel a token may
+    come from another rank, and its share of the adapter's gradient takes that rank's scale
+    (:class:`TokenScales`).
+    """
+
+    def __init__(
+        self, moe: nn.Module, view_mlp: nn.Module, router: LoraRouter, scales: TokenScales
+    ) -> None:
+        self.moe, self.view_mlp, self.router, self.scales = moe, view_mlp, router, scales
         self._preprocess = moe.preprocess
         self._experts_forward = moe.experts.forward
-        self._slots: list[str] | None = None
+        self._names: list[str] | None = None
         moe.preprocess = self.preprocess
         moe.experts.forward = self.experts_forward
 
@@ -63,14 +92,19 @@ class ExpertLoraHook:
 
     def preprocess(self, hidden: torch.Tensor, probs: torch.Tensor, routing_map: torch.Tensor):
         adapters = self._adapters()
-        slots, owner = adapters.routed_slots(self.router.routes) if adapters else ([], None)
-        self._slots = slots or None
-        if owner is None:
+        names = adapters.adapter_names() if adapters is not None else []
+        # Every rank takes the channel when any adapter exists here (replicated tenants), so
+        # the dispatcher's all-to-alls carry the same width everywhere.
+        self._names = names or None
+        if not names:
             return self._preprocess(hidden, probs, routing_map)
         seq, rows, width = hidden.shape  # megatron is [seq, batch, hidden]
-        if owner.shape[0] != rows:
-            raise ValueError(f"an MoE layer got {rows} rows, the routes cover {owner.shape[0]}")
-        channel = owner.to(hidden.device, hidden.dtype).expand(seq, rows).unsqueeze(-1)
+        world, rank = _ep()
+        code = torch.full((rows,), -1.0)
+        for route in self.router.routes:
+            if route.adapter in names:
+                code[route.start : route.end] = names.index(route.adapter) * world + rank
+        channel = code.to(hidden.device, hidden.dtype).expand(seq, rows).unsqueeze(-1)
         out = self._preprocess(torch.cat([hidden, channel], dim=-1), probs, routing_map)
         # The dispatcher combines the experts' outputs into these shapes: without the channel.
         dispatcher = self.moe.token_dispatcher
@@ -79,28 +113,65 @@ class ExpertLoraHook:
         return out
 
     def experts_forward(self, tokens: torch.Tensor, tokens_per_expert, probs: torch.Tensor):
-        if self._slots is None:
+        if self._names is None:
             return self._experts_forward(tokens, tokens_per_expert, probs)
-        adapters, slots = self._adapters(), self._slots
-        x, owner = tokens[:, :-1], tokens[:, -1].round().long()
+        adapters, names = self._adapters(), self._names
+        world, _ = _ep()
+        code = tokens[:, -1].round().long()
+        x, owner, source = tokens[:, :-1], code.div(world, rounding_mode="floor"), code % world
+        owner = torch.where(code < 0, -1, owner)
+        # Under expert parallel the tokens' gradient weights are agreed after this forward.
+        weight_of = _weights_by_source(self.scales, source) if world > 1 else None
         sequential = self.moe.experts
         counts = tokens_per_expert
         counts = counts.tolist() if torch.is_tensor(counts) else list(counts)
         outputs = []
-        for index, expert, xs, own, ps in zip(
+        for index, expert, xs, own, ps, at in zip(
             self.moe.local_expert_indices,  # global expert numbers: PEFT's layout is global
             sequential.local_experts,
             torch.split(x, counts),
             torch.split(owner, counts),
             torch.split(probs, counts),
+            _offsets(counts),
             strict=True,
         ):
-            groups = token_groups(own, slots)
+            groups = token_groups(own, names)
+            w = None if weight_of is None else _shifted(weight_of, at)
             h, _ = expert.linear_fc1(xs)
-            h = adapters.add_delta(h, xs, "gate_up_proj", index, groups)
+            h = adapters.add_delta(h, xs, "gate_up_proj", index, groups, w)
             gate, up = h.chunk(2, dim=-1)
             h = expert.config.activation_func(gate) * up
             h = (h * ps.unsqueeze(-1)).to(h.dtype)  # megatron scales before linear_fc2
             y, _ = expert.linear_fc2(h)
-            outputs.append(adapters.add_delta(y, h, "down_proj", index, groups))
+            outputs.append(adapters.add_delta(y, h, "down_proj", index, groups, w))
         return torch.cat(outputs, dim=0), None
+
+
+def _weights_by_source(scales: TokenScales, source: torch.Tensor):
+    """``weight_of(tenant, token indices)`` over the dispatched tokens: a function returning
+    each token's source rank's scale for ``tenant`` when the backward runs (``None`` when no
+    scales were agreed: the step then scales the whole gradient after the backward)."""
+
+    def weight_of(name: str, sel: torch.Tensor):
+        src = source[sel]
+
+        def weights() -> torch.Tensor | None:
+            table = scales.by_tenant
+            return None if table is None or name not in table else table[name][src]
+
+        return weights
+
+    return weight_of
+
+
+def _shifted(weight_of, at: int):
+    """``weight_of`` for one expert's tokens, indexed from ``at`` in the dispatched tokens."""
+    return lambda name, sel: weight_of(name, sel + at)
+
+
+def _offsets(counts: list[int]) -> list[int]:
+    out, at = [], 0
+    for n in counts:
+        out.append(at)
+        at += n
+    return out

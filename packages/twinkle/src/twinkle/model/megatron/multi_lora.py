@@ -11,7 +11,7 @@ import torch
 
 from twinkle.errors import InvalidArgumentError
 from twinkle.hub import load_config, resolve_model_dir
-from twinkle.model.lora import LoraRouter, adapter_spec_from_config
+from twinkle.model.lora import LoraRouter, MultiLoraExperts, adapter_spec_from_config
 from twinkle.model.megatron import _build, _moe, _tp_optim
 from twinkle.model.megatron._model import MegatronCausalLM
 from twinkle.model.options import ExecutionOptions, resolve_options
@@ -41,14 +41,6 @@ _PROJECTIONS = (
     "mlp.up_proj",
     "mlp.down_proj",
 )
-
-
-def _expert_parallel_size() -> int:
-    from megatron.core import parallel_state as ps
-
-    if not ps.model_parallel_is_initialized():
-        return 1
-    return ps.get_expert_model_parallel_world_size()
 
 
 def _selects_head_only(selector: Any, hf_config: Any) -> bool:
@@ -159,12 +151,6 @@ class MultiLoraMegatronModel(MultiLoraTransformersModel):
                 ``pp_size > 1``, or any LoraConfig field the transformers backend refuses.
         """
         spec = adapter_spec_from_config(adapter_name, config)
-        if spec.target_parameters and _expert_parallel_size() > 1:
-            raise InvalidArgumentError(
-                f"adapter {adapter_name!r}: LoraConfig field target_parameters is refused with "
-                "ep_size > 1: LoRA on MoE experts is built at expert parallel 1 (backend "
-                "'transformers', or 'megatron' with ep_size 1); see docs/megatron.md"
-            )
         selector = spec.target_modules
         if self.pp_size > 1 and _selects_head_only(selector, self.model.config):
             # The head lives on the last stage: every earlier stage would hold no part of this
@@ -178,6 +164,22 @@ class MultiLoraMegatronModel(MultiLoraTransformersModel):
             )
         _moe.check_adapter_targets(self.model.config, adapter_name, selector)
         super().add_adapter_to_model(adapter_name, config, gradient_accumulation_steps, **kwargs)
+
+    @property
+    def expert_token_scales(self):
+        """The expert adapters' per-rank gradient scales of the running call (expert parallel;
+        see :mod:`._moe_lora`)."""
+        return self.model.expert_token_scales
+
+    def expert_parameters(self, adapter_name: str) -> list[torch.nn.Parameter]:
+        """Tenant ``adapter_name``'s expert-adapter parameters (empty without any)."""
+        name = self.tenant(adapter_name).name
+        return [
+            p
+            for m in self.model.modules()
+            if isinstance(m, MultiLoraExperts)
+            for p in m.adapter_weights(name).values()
+        ]
 
     def computed_rows(self) -> tuple[int, int]:
         """The rows and padded tokens this model's base model has run forward so far (a pipeline

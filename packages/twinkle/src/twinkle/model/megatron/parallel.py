@@ -47,7 +47,7 @@ def _remotable() -> frozenset[str]:
         for name in dir(MultiLoraMegatronModel)
         if not name.startswith("_")
         and callable(getattr(MultiLoraMegatronModel, name))
-        and name not in ("routes", "enable_paging", "tenant")
+        and name not in ("routes", "enable_paging", "tenant", "expert_parameters")
     )
 
 
@@ -129,6 +129,7 @@ class ParallelMegatronModel:
         #: The rank whose results stand for each dp replica's rows.
         self.replica_answers = [self.answer + tp_size * d for d in range(dp_size)]
         self._pair_rows: set[str] = set()
+        self._expert_tenants: set[str] = set()  # tenants with LoRA on MoE experts
         self.model_id, self.model_dir = model_id, resolve_model_dir(model_id)
         self.pager = None
         kw = {"model_id": model_id, "tp_size": tp_size, **kwargs}
@@ -200,8 +201,16 @@ class ParallelMegatronModel:
         ):
             # A rank without rows cannot take part in the MoE all-to-alls, and an odd DPO batch
             # would fail on one rank only, after its forward: every rank runs the whole batch
-            # (the same losses, gradients or error on each, so no all-reduce is needed).
-            return self.call("forward_backward_many", requests)
+            # (the same losses, gradients or error on each, so no all-reduce is needed) ...
+            if not self._expert_tenants & set(requests):
+                return self.call("forward_backward_many", requests)
+            # ... except for expert adapters: each rank's experts got every rank's copy of the
+            # tokens, and the other experts' gradients are on the other ranks. The ranks then
+            # synchronise as for split rows, each holding the whole batch (scale 1/ep each).
+            messages = [
+                (DP_FORWARD_BACKWARD, ({n: requests[n] for n in order}, order), {})
+            ] * self.world
+            return _dp_world.join(order, [self._run(DP_FORWARD_BACKWARD, messages)])
         messages = [
             # megatron's order tp-cp-ep-dp-pp: rank r is in replica (r // tp) % dp
             (DP_FORWARD_BACKWARD, (shards[(rank // self.tp_size) % self.dp_size], order), {})
@@ -233,6 +242,18 @@ class ParallelMegatronModel:
         return self.forward_backward_many({adapter_name: {"inputs": inputs, **kwargs}})[
             adapter_name
         ]
+
+    def add_adapter_to_model(self, adapter_name: str, config: Any = None, *args, **kwargs) -> None:
+        """As the model's, on every rank; remembers the tenants with expert adapters."""
+        self.call("add_adapter_to_model", adapter_name, config, *args, **kwargs)
+        from twinkle.model.lora import adapter_spec_from_config
+
+        if adapter_spec_from_config(adapter_name, config).target_parameters:
+            self._expert_tenants.add(adapter_name)
+
+    def remove_adapter(self, adapter_name: str | None = None) -> None:
+        self.call("remove_adapter", adapter_name)
+        self._expert_tenants.discard(adapter_name)
 
     def set_loss(self, loss: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
         # DPO's rows come in (chosen, rejected) pairs: the dp split keeps each pair together.
