@@ -7,7 +7,9 @@ modules of a shape-only "HF view" tree (:class:`_HFView`; its base weights are z
 stand-ins and its forward is never called). The megatron linears are wrapped by
 :class:`_LoraParallelLinear`, which adds those adapters' deltas to megatron's output: q/k/v deltas
 are interleaved into ``linear_qkv``'s GQA layout, gate/up deltas concatenated as ``linear_fc1``'s
-halves. Saved adapters therefore carry HF names and load with ``peft.PeftModel`` on the HF model.
+halves. An MoE layer's view holds ``mlp.experts``, a stand-in of transformers' experts module for
+``target_parameters`` adapters, which :mod:`._moe_lora` applies inside megatron's experts. Saved
+adapters therefore carry HF names and load with ``peft.PeftModel`` on the HF model.
 
 The LM head (HF ``lm_head``; Tinker's ``train_unembed``) is one more column-parallel part:
 :class:`_LoraOutputLayer` adds each tenant's ``(x A^T) B^T`` to megatron's ``output_layer``

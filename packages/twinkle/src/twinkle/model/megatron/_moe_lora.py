@@ -1,4 +1,4 @@
-"""Per-tenant LoRA on megatron's MoE experts (expert parallel 1), in PEFT's expert layout.
+"""Per-tenant LoRA on megatron's MoE experts (any expert parallel size), in PEFT's expert layout.
 
 The adapters live in the HF view (:mod:`._model`) as on the transformers backend: the view's
 ``model.layers.<i>.mlp.experts`` is a shape-only stand-in of transformers' experts module
