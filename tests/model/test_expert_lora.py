@@ -191,9 +191,27 @@ def test_a_dense_model_has_no_expert_weights():
         dense.add_adapter_to_model("t", {"r": 4, "target_parameters": ["gate_up_proj"]})
 
 
-def test_the_mock_refuses_target_parameters():
-    with pytest.raises(InvalidArgumentError, match="target_parameters"):
-        MockModel().add_adapter_to_model("t", {"r": 4, "target_parameters": ["down_proj"]})
+def test_the_mock_ignores_target_parameters_as_it_ignores_target_modules():
+    mock = MockModel()
+    mock.add_adapter_to_model("t", {"r": 4, "target_parameters": ["down_proj"]})
+    assert mock.list_adapters() == ["t"]
+
+
+def test_tinker_train_mlp_adapts_the_experts_of_an_moe_model(model):
+    """The SDK's train_mlp is "the MLP layers (including MoE layers)": on an MoE base model the
+    server's conversion adds the experts, which then carry the tenant's adapter."""
+    from twinkle.server.tinker.convert import lora_config, lora_flags
+    from twinkle.server.tinker.models import model_facts
+
+    assert model_facts(MODEL).moe and not model_facts("tiny://qwen3").moe
+    config = lora_config({"rank": 4}, moe=model_facts(MODEL).moe)
+    model.add_adapter_to_model("t", config)
+    keys = model.adapter_state_dict("t")
+    assert any(".mlp.experts.base_layer.lora_A" in k for k in keys)
+    assert any(".mlp.experts.lora_B" in k for k in keys)
+    assert lora_flags(config)["train_mlp"] is True
+    no_mlp = lora_config({"rank": 4, "train_mlp": False}, moe=True)
+    assert "target_parameters" not in no_mlp and lora_flags(no_mlp)["train_mlp"] is False
 
 
 def test_the_sampler_samples_the_expert_adapter_live_and_from_its_checkpoint(model, tmp_path):

@@ -23,6 +23,8 @@ ATTN_MODULES = [
     "qkv_proj",
 ]
 MLP_MODULES = ["gate_proj", "up_proj", "down_proj", "gate_up_proj"]
+# An MoE model's experts (transformers 5: 3-D parameters, reached by target_parameters only).
+EXPERT_PARAMETERS = ["gate_up_proj", "down_proj"]
 UNEMBED_MODULES = ["lm_head"]
 LORA_ALPHA = 32
 
@@ -43,8 +45,11 @@ _INPUT_NAMES = {"weights": "weights", "advantages": "advantages", "logprobs": "o
 _LOSS_INPUT_NAMES = {"gspo": {"sequence_ratio_mask": "weights"}}
 
 
-def lora_config(lora: dict[str, Any] | None) -> dict[str, Any]:
-    """Tinker ``LoraConfig`` -> the Twinkle/PEFT LoRA config (rank, alpha, target modules)."""
+def lora_config(lora: dict[str, Any] | None, moe: bool = False) -> dict[str, Any]:
+    """Tinker ``LoraConfig`` -> the Twinkle/PEFT LoRA config (rank, alpha, target modules).
+
+    ``train_mlp`` is "the MLP layers (including MoE layers)" in the SDK: on an MoE base model
+    (``moe``) it adapts the experts too (``target_parameters``)."""
     lora = lora or {}
     rank = lora.get("rank", 32)
     if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
@@ -59,6 +64,8 @@ def lora_config(lora: dict[str, Any] | None) -> dict[str, Any]:
     if not targets:
         raise BadRequest("at least one of train_mlp, train_attn, train_unembed must be true")
     config: dict[str, Any] = {"r": rank, "lora_alpha": LORA_ALPHA, "target_modules": targets}
+    if moe and lora.get("train_mlp", True):
+        config["target_parameters"] = list(EXPERT_PARAMETERS)
     if lora.get("seed") is not None:
         config["seed"] = int(lora["seed"])
     return config
@@ -70,7 +77,9 @@ def lora_flags(config: dict[str, Any]) -> dict[str, Any]:
     return {
         "lora_rank": config.get("r"),
         "train_attn": bool(targets & set(ATTN_MODULES)) if targets else None,
-        "train_mlp": bool(targets & set(MLP_MODULES)) if targets else None,
+        "train_mlp": bool(targets & set(MLP_MODULES) or config.get("target_parameters"))
+        if targets
+        else None,
         "train_unembed": bool(targets & set(UNEMBED_MODULES)) if targets else None,
     }
 

@@ -22,6 +22,7 @@ class ModelFacts:
     tokenizer_id: str | None
     vocab_size: int | None
     arch: str | None
+    moe: bool = False  # a mixture-of-experts model (its experts take LoRA with train_mlp)
 
 
 @lru_cache(maxsize=64)
@@ -38,13 +39,17 @@ def model_facts(base_model: str) -> ModelFacts:
             exc,
         )
         return ModelFacts(None, None, None)
-    vocab, arch = None, None
+    vocab, arch, moe = None, None, False
     config_path = directory / "config.json"
     if config_path.is_file():
         config = json.loads(config_path.read_text(encoding="utf-8"))
-        vocab = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+        text = config.get("text_config") or {}
+        vocab = config.get("vocab_size") or text.get("vocab_size")
         arch = (config.get("architectures") or [config.get("model_type")])[0]
-    return ModelFacts(str(directory), int(vocab) if vocab else None, arch)
+        moe = bool(
+            config.get("num_experts") or config.get("num_local_experts") or text.get("num_experts")
+        )
+    return ModelFacts(str(directory), int(vocab) if vocab else None, arch, moe)
 
 
 @dataclass(frozen=True)

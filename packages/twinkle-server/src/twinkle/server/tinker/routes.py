@@ -100,7 +100,8 @@ def _training_routes(router: APIRouter, api: TinkerApi) -> None:
                 f"optimizer_config.type {optimizer!r} is not supported; this server trains with"
                 " adamw"
             )
-        config = convert.lora_config(body.get("lora_config"))
+        facts = await off_loop(model_facts, base_model)
+        config = convert.lora_config(body.get("lora_config"), moe=facts.moe)
         max_rank = api.backends.max_lora_rank.get(base_model)
         if max_rank is not None and config["r"] > max_rank:  # refused now, not in the future
             raise BadRequest(

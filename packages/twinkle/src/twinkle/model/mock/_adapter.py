@@ -21,16 +21,12 @@ def read_lora_config(config: Any, name: str = "adapter") -> tuple[int, float, bo
 
     The mock refuses the LoraConfig fields every backend refuses
     (:func:`twinkle.model.lora_fields.check_lora_fields`); of the honoured ones it models rank,
-    alpha and rsLoRA scaling (its one adapted layer has no names to select or pattern-match).
+    alpha and rsLoRA scaling (its one adapted layer has no names to select or pattern-match:
+    ``target_modules`` and ``target_parameters`` select nothing there).
     """
     values: dict[str, Any] = {} if config is None else config_values(config)
     check_lora_fields(values, name)
     check_init(values.get("init_lora_weights", True), name)
-    if values.get("target_parameters"):
-        raise InvalidArgumentError(
-            f"adapter {name!r}: LoraConfig field target_parameters is refused: the mock model "
-            "has no mixture-of-experts weights (use backend 'transformers' with an MoE model)"
-        )
     rank, alpha = values.get("r", 8), values.get("lora_alpha", 8)
     if int(rank) <= 0:
         raise InvalidArgumentError(f"LoRA rank must be positive, got {rank!r}")
