@@ -114,6 +114,23 @@ def train_expert_tenants(model, out_dir, extra: bool = False):
     return losses, states, saved
 
 
+def assert_expert_run_equal(reference, run):
+    """``train_expert_tenants``' results equal the reference's: losses, every adapter tensor
+    and the saved checkpoint (keys and values), within 1e-4."""
+    (ref_losses, ref_states, ref_dir), (losses, states, saved) = reference, run
+    assert losses == pytest.approx(ref_losses, rel=1e-4)
+    assert ref_losses[3] != pytest.approx(ref_losses[0], rel=1e-3)  # the step moved "e"
+    assert any(".mlp.experts.base_layer.lora_B" in k for k in states["e"])
+    for name in EXPERT_TENANTS:
+        assert set(states[name]) == set(ref_states[name])
+        for key, want in ref_states[name].items():
+            assert_rel_close(states[name][key], want)
+    files, ref_files = (load_file(f"{d}/adapter_model.safetensors") for d in (saved, ref_dir))
+    assert set(files) == set(ref_files)
+    for key, want in ref_files.items():
+        assert_rel_close(files[key], want)
+
+
 def assert_rel_close(got, want, rel=1e-4):
     scale = want.abs().max().clamp_min(1e-12)
     assert float((got - want).abs().max() / scale) <= rel
