@@ -197,7 +197,7 @@ class ReplicaWorker:
         ``losses``: the loss each tenant's rows used in this pass, when it is not the tenant's
         own (a per-request loss).
         """
-        losses = {name: (losses or {}).get(name) or self.model.tenant(name).loss for name in order}
+        losses = self._call_losses(order, losses)
         tenants = [self.model.tenant(name) for name in order]
         snapshots = [_snapshot(t) for t in tenants]
         for tenant in tenants:
@@ -239,6 +239,10 @@ class ReplicaWorker:
                 f"rank {self.rank}: another rank failed this step; gradients rolled back"
             )
         return self._reduce_gradients(tenants, snapshots, stats, sums, seqs, results, losses)
+
+    def _call_losses(self, order: list[str], losses: dict[str, Any] | None) -> dict[str, Any]:
+        """Each tenant's loss in this call: the request's (``losses``) or the tenant's own."""
+        return {name: (losses or {}).get(name) or self.model.tenant(name).loss for name in order}
 
     def _prescaled_params(self) -> set[int]:
         """Ids of parameters whose gradients this call already scaled during the backward

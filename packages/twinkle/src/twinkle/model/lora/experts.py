@@ -130,22 +130,11 @@ class MultiLoraExperts(nn.Module):
         b_e = b.view(b.shape[0], r, e)[:, :, expert]  # [out, r]
         return a_e, b_e, self.scaling[(name, param)]
 
-    def routed_slots(self, routes) -> tuple[list[str], torch.Tensor | None]:
-        """The routed tenants that have an expert adapter here (``slots``), and per row of the
-        pass the index of its tenant in ``slots`` (``-1``: none); ``([], None)`` when none."""
-        slots = list(dict.fromkeys(r.adapter for r in routes if self.has_adapter(r.adapter)))
-        if not slots:
-            return [], None
-        owner = torch.full((max(r.end for r in routes),), -1, dtype=torch.long)
-        for route in routes:
-            if route.adapter in slots:
-                owner[route.start : route.end] = slots.index(route.adapter)
-        return slots, owner
-
     def forward(
         self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
     ) -> torch.Tensor:
-        slots, owner = self.routed_slots(self._router.routes)
+        names = self.adapter_names()
+        owner = row_owners(self._router.routes, names)
         if owner is None:
             return self.base_layer(hidden_states, top_k_index, top_k_weights)
         per_row, rest = divmod(hidden_states.shape[0], owner.shape[0])
@@ -155,7 +144,7 @@ class MultiLoraExperts(nn.Module):
                 f"pass's {owner.shape[0]} rows"
             )
         token_owner = owner.to(hidden_states.device).repeat_interleave(per_row)
-        return self._experts_loop(hidden_states, top_k_index, top_k_weights, token_owner, slots)
+        return self._experts_loop(hidden_states, top_k_index, top_k_weights, token_owner, names)
 
     def _experts_loop(self, hidden, top_k_index, top_k_weights, token_owner, slots):
         base = self.base_layer
@@ -223,6 +212,18 @@ class WeightedDelta(torch.autograd.Function):
         grad_b = (weighted.t() @ h) * s
         grad_a = ((weighted @ b) * s).t() @ x
         return grad_x, grad_a, grad_b, None, None
+
+
+def row_owners(routes, names: list[str]) -> torch.Tensor | None:
+    """Per row of the pass, the index in ``names`` of the routed tenant it belongs to (``-1``:
+    a tenant not in ``names``); ``None`` when no routed row belongs to one of ``names``."""
+    if not any(r.adapter in names for r in routes):
+        return None
+    owner = torch.full((max(r.end for r in routes),), -1, dtype=torch.long)
+    for route in routes:
+        if route.adapter in names:
+            owner[route.start : route.end] = names.index(route.adapter)
+    return owner
 
 
 def token_groups(owner: torch.Tensor, slots: list[str]) -> list[tuple[str, torch.Tensor]]:

@@ -100,8 +100,7 @@ class ExpertRanksSync(replica_worker.ReplicaWorker):
 
     def _synchronised(self, order, present, run, losses=None):
         # What the agreement before the backward needs to weigh the experts' tokens.
-        losses = {n: (losses or {}).get(n) or self.model.tenant(n).loss for n in order}
-        self._call = (order, present, losses)
+        self._call = (order, present, self._call_losses(order, losses))
         return super()._synchronised(order, present, run, losses)
 
     def _prescaled_params(self) -> set[int]:

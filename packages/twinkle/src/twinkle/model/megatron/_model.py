@@ -246,6 +246,11 @@ class MegatronCausalLM(nn.Module):
                     _moe_lora.ExpertLoraHook(mlp, m, router, self.expert_token_scales)
                 )
 
+    def expert_layers(self) -> list[nn.Module]:
+        """The HF view's expert adapter layers (``MultiLoraExperts``; none until a tenant
+        names ``target_parameters``)."""
+        return [a for a in (h.adapters() for h in self._hooks) if a is not None]
+
     def get_input_embeddings(self) -> nn.Module:
         embedding = self.gpt.embedding.word_embeddings
         if self.tp_size == 1:

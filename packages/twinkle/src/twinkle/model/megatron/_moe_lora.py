@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from twinkle.model.lora import LoraRouter, MultiLoraExperts
-from twinkle.model.lora.experts import token_groups
+from twinkle.model.lora.experts import row_owners, token_groups
 
 
 class ShapeOnlyExperts(nn.Module):
@@ -86,12 +86,12 @@ class ExpertLoraHook:
         moe.preprocess = self.preprocess
         moe.experts.forward = self.experts_forward
 
-    def _adapters(self) -> MultiLoraExperts | None:
+    def adapters(self) -> MultiLoraExperts | None:
         experts = self.view_mlp.experts
         return experts if isinstance(experts, MultiLoraExperts) else None
 
     def preprocess(self, hidden: torch.Tensor, probs: torch.Tensor, routing_map: torch.Tensor):
-        adapters = self._adapters()
+        adapters = self.adapters()
         names = adapters.adapter_names() if adapters is not None else []
         # Every rank takes the channel when any adapter exists here (replicated tenants), so
         # the dispatcher's all-to-alls carry the same width everywhere.
@@ -101,9 +101,9 @@ class ExpertLoraHook:
         seq, rows, width = hidden.shape  # megatron is [seq, batch, hidden]
         world, rank = _ep()
         code = torch.full((rows,), -1.0)
-        for route in self.router.routes:
-            if route.adapter in names:
-                code[route.start : route.end] = names.index(route.adapter) * world + rank
+        owner = row_owners(self.router.routes, names)
+        if owner is not None:
+            code[: owner.shape[0]] = torch.where(owner < 0, -1, owner * world + rank).float()
         channel = code.to(hidden.device, hidden.dtype).expand(seq, rows).unsqueeze(-1)
         out = self._preprocess(torch.cat([hidden, channel], dim=-1), probs, routing_map)
         # The dispatcher combines the experts' outputs into these shapes: without the channel.
@@ -115,28 +115,27 @@ class ExpertLoraHook:
     def experts_forward(self, tokens: torch.Tensor, tokens_per_expert, probs: torch.Tensor):
         if self._names is None:
             return self._experts_forward(tokens, tokens_per_expert, probs)
-        adapters, names = self._adapters(), self._names
+        adapters, names = self.adapters(), self._names
         world, _ = _ep()
         code = tokens[:, -1].round().long()
         x, owner, source = tokens[:, :-1], code.div(world, rounding_mode="floor"), code % world
         owner = torch.where(code < 0, -1, owner)
-        # Under expert parallel the tokens' gradient weights are agreed after this forward.
-        weight_of = _weights_by_source(self.scales, source) if world > 1 else None
         sequential = self.moe.experts
         counts = tokens_per_expert
         counts = counts.tolist() if torch.is_tensor(counts) else list(counts)
         outputs = []
-        for index, expert, xs, own, ps, at in zip(
+        for index, expert, xs, own, ps, src in zip(
             self.moe.local_expert_indices,  # global expert numbers: PEFT's layout is global
             sequential.local_experts,
             torch.split(x, counts),
             torch.split(owner, counts),
             torch.split(probs, counts),
-            _offsets(counts),
+            torch.split(source, counts),
             strict=True,
         ):
             groups = token_groups(own, names)
-            w = None if weight_of is None else _shifted(weight_of, at)
+            # Under expert parallel the tokens' gradient weights are agreed after this forward.
+            w = _weights_by_source(self.scales, src) if world > 1 else None
             h, _ = expert.linear_fc1(xs)
             h = adapters.add_delta(h, xs, "gate_up_proj", index, groups, w)
             gate, up = h.chunk(2, dim=-1)
@@ -148,7 +147,7 @@ class ExpertLoraHook:
 
 
 def _weights_by_source(scales: TokenScales, source: torch.Tensor):
-    """``weight_of(tenant, token indices)`` over the dispatched tokens: a function returning
+    """``weight_of(tenant, token indices)`` over one expert's tokens: a function returning
     each token's source rank's scale for ``tenant`` when the backward runs (``None`` when no
     scales were agreed: the step then scales the whole gradient after the backward)."""
 
@@ -162,16 +161,3 @@ def _weights_by_source(scales: TokenScales, source: torch.Tensor):
         return weights
 
     return weight_of
-
-
-def _shifted(weight_of, at: int):
-    """``weight_of`` for one expert's tokens, indexed from ``at`` in the dispatched tokens."""
-    return lambda name, sel: weight_of(name, sel + at)
-
-
-def _offsets(counts: list[int]) -> list[int]:
-    out, at = [], 0
-    for n in counts:
-        out.append(at)
-        at += n
-    return out

@@ -11,7 +11,7 @@ import torch
 
 from twinkle.errors import InvalidArgumentError
 from twinkle.hub import load_config, resolve_model_dir
-from twinkle.model.lora import LoraRouter, MultiLoraExperts, adapter_spec_from_config
+from twinkle.model.lora import LoraRouter, adapter_spec_from_config
 from twinkle.model.megatron import _build, _moe, _tp_optim
 from twinkle.model.megatron._model import MegatronCausalLM
 from twinkle.model.options import ExecutionOptions, resolve_options
@@ -174,12 +174,7 @@ class MultiLoraMegatronModel(MultiLoraTransformersModel):
     def expert_parameters(self, adapter_name: str) -> list[torch.nn.Parameter]:
         """Tenant ``adapter_name``'s expert-adapter parameters (empty without any)."""
         name = self.tenant(adapter_name).name
-        return [
-            p
-            for m in self.model.modules()
-            if isinstance(m, MultiLoraExperts)
-            for p in m.adapter_weights(name).values()
-        ]
+        return [p for m in self.model.expert_layers() for p in m.adapter_weights(name).values()]
 
     def computed_rows(self) -> tuple[int, int]:
         """The rows and padded tokens this model's base model has run forward so far (a pipeline
