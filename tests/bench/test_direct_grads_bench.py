@@ -32,8 +32,10 @@ def test_a_point_reports_both_settings_and_leaves_the_default_alone(bench):
     assert line["tenants"] == 2 and line["rounds"] == 2
     for key in ("fused_ms_direct", "fused_ms_autograd", "limit_ms_direct", "limit_ms_autograd"):
         assert line[key] > 0
-    assert line["fused_vs_limit_direct"] == round(
-        line["limit_ms_direct"] / line["fused_ms_direct"], 3
+    # The ratio is taken before the times are rounded for the line: equal to the rounded
+    # times' ratio within that rounding (0.946 against 0.945 on one CI run).
+    assert line["fused_vs_limit_direct"] == pytest.approx(
+        line["limit_ms_direct"] / line["fused_ms_direct"], abs=2e-3
     )
     # The bench builds one model per setting: the default a new model gets is untouched.
     assert MultiLoraTransformersModel("tiny://qwen3").direct_weight_grads is True
