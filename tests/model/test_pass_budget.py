@@ -3,6 +3,7 @@ tenant's rows into chunks); every split gives the gradients of separate per-tena
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 from peft import LoraConfig
@@ -115,6 +116,29 @@ def test_a_later_pass_that_fails_puts_every_gradient_back():
     for tenant in m.tenants.values():
         assert not tenant.pending_grads
         assert all(p.grad is None or not p.grad.any() for p in tenant.params)
+
+
+def test_each_pass_releases_its_graph_before_the_next_pass(monkeypatch):
+    """Budget 80: three passes. When a pass starts, the earlier passes' states hold values only
+    (no autograd node): graphs kept to the step's end fragment the heap (fused.py, _drop_graph)."""
+    import twinkle.model.step.fused as fused_mod
+
+    real = fused_mod.forward_batches
+    done, held = [], []
+
+    def spy(*args, **kwargs):
+        held.append(
+            [s.logprobs.grad_fn is not None or s.loss_output.loss.grad_fn is not None for s in done]
+        )
+        states = real(*args, **kwargs)
+        done.extend(states)
+        return states
+
+    monkeypatch.setattr(fused_mod, "forward_batches", spy)
+    m = _model({"max_pass_tokens": 80})
+    out = m.forward_backward_many(_requests())
+    assert held == [[], [False], [False, False]]
+    assert all(np.isfinite(out[name]["loss"]) for name in RANKS)
 
 
 def test_a_split_tenant_keeps_gradient_accumulation():
