@@ -167,10 +167,28 @@ def test_dropout_and_images_keep_a_batch_whole():
     assert [[(p.start, p.stop) for p in ps] for ps in passes] == [[(0, 2)], [(2, 4)]]
 
 
+def _configured(hidden, layers, vocab):
+    module = torch.nn.Linear(2, 2)
+    module.config = type(
+        "C", (), {"hidden_size": hidden, "num_hidden_layers": layers, "vocab_size": vocab}
+    )
+    return module
+
+
+def test_cpu_budget_is_an_activation_memory_allowance():
+    """On a CPU: the tokens whose activations fit 600 MiB, within [256, 2048]."""
+    cpu = torch.device("cpu")
+    bench_25m = _configured(512, 8, 4096)  # tiny://qwen3.5-25m's sizes
+    assert plan_mod.activation_bytes_per_token(bench_25m) == 34 * 512 * 8 * 4 + 12 * 4096
+    assert plan_mod.pass_token_budget(None, bench_25m, cpu) == (600 << 20) // 606208 == 1037
+    assert plan_mod.pass_token_budget(None, _configured(1024, 28, 4096), cpu) == 256
+    assert plan_mod.pass_token_budget(None, _configured(64, 2, 4096), cpu) == 2048
+    assert plan_mod.pass_token_budget(512, bench_25m, cpu) == 512  # configured wins
+
+
 def test_budget_defaults_and_validation():
     cpu = torch.device("cpu")
     module = torch.nn.Linear(2, 2)
-    assert plan_mod.pass_token_budget(None, module, cpu) == plan_mod.CPU_PASS_TOKENS
     assert plan_mod.pass_token_budget(0, module, cpu) is None
     assert plan_mod.pass_token_budget(300, module, cpu) == 300
     assert ExecutionOptions(max_pass_tokens=0).max_pass_tokens == 0
@@ -187,8 +205,7 @@ def test_gpu_budget_comes_from_free_memory(monkeypatch):
         return 8 << 30, 16 << 30
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", free)
-    module = torch.nn.Linear(2, 2)
-    module.config = type("C", (), {"hidden_size": 512, "num_hidden_layers": 8, "vocab_size": 1000})
+    module = _configured(512, 8, 1000)
     per_token = 34 * 512 * 8 * 4 + 12 * 1000
     assert plan_mod.activation_bytes_per_token(module) == per_token
     cuda = torch.device("cuda", 0)

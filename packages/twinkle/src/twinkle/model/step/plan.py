@@ -18,12 +18,18 @@ import torch
 
 from twinkle.model.step.batch import IMAGE_KEYS, TenantBatch
 
-#: The CPU budget, in padded tokens per pass: a memory bound first. Measured on the ~25M model
-#: (tiny://qwen3.5-25m, 8 tenants x 4 rows x 128 tokens, 2 shared cores; tools/pass_budget.py,
-#: docs/performance.md): four 1024-token passes held 2490 MB at peak against one 4096-token
-#: pass's 4574 MB (2525 vs 4585 MB in a second round); on that loaded machine the one pass read
-#: faster in both rounds, so the throughput cost is still to be settled on an idle one.
-CPU_PASS_TOKENS = 1024
+#: The CPU budget, as activation memory per pass: what one pass may hold beyond the model's
+#: weights and the tenants' states, at the model's activation bytes per token
+#: (:func:`activation_bytes_per_token`), so a larger model gets fewer tokens per pass. Per-token
+#: memory is the base model's, the same in a fused pass as in one tenant's own (measured equal on
+#: the ~25M model), and on the CPU each pass also pays a fixed ~55 ms there (the base model's small
+#: batched matmuls): 600 MiB gives that model 1037 tokens (passes of 1024), where 256-token
+#: passes, which would keep its peak memory within 1.3x of a per-tenant PEFT loop, read 0.84-0.88x
+#: of one wide pass (figures: docs/performance.md, "Passes by a token budget").
+CPU_PASS_ACTIVATION_BYTES = 600 << 20
+#: A CPU pass holds at least two 128-token rows and at most 2048 tokens: on the 0.35M model a
+#: 4096-token pass read 6% faster than two of 2048 for 23% more peak memory (850 vs 690 MB).
+CPU_MIN_TOKENS, CPU_MAX_TOKENS = 256, 2048
 #: Share of the free device memory a GPU pass's activations may take.
 GPU_FREE_FRACTION = 0.5
 GPU_MIN_TOKENS, GPU_MAX_TOKENS = 2048, 1 << 20
@@ -104,20 +110,23 @@ def rows_of(batch: TenantBatch, start: int, stop: int) -> TenantBatch:
 def pass_token_budget(
     configured: int | None, base_model: torch.nn.Module, device: torch.device
 ) -> int | None:
-    """``configured`` (``ExecutionOptions.max_pass_tokens``), else the device's default:
-    :data:`CPU_PASS_TOKENS` on a CPU; on a GPU, what :data:`GPU_FREE_FRACTION` of the memory free
-    at the first step holds at the model's activation size per token (computed once per model).
-    ``None`` when ``configured`` is 0 (no limit)."""
+    """``configured`` (``ExecutionOptions.max_pass_tokens``), else the device's default: the
+    tokens whose activations (:func:`activation_bytes_per_token`) fit
+    :data:`CPU_PASS_ACTIVATION_BYTES` on a CPU, or :data:`GPU_FREE_FRACTION` of the memory free at
+    the first step on a GPU (computed once per model). ``None`` when ``configured`` is 0 (no
+    limit)."""
     if configured is not None:
         return configured or None
-    if device.type != "cuda":
-        return CPU_PASS_TOKENS
     budget = _budgets.get(base_model)
     if budget is None:
-        free, _ = torch.cuda.mem_get_info(device)
         per_token = activation_bytes_per_token(base_model)
-        budget = int(free * GPU_FREE_FRACTION // per_token)
-        budget = min(GPU_MAX_TOKENS, max(GPU_MIN_TOKENS, budget))
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+            budget = int(free * GPU_FREE_FRACTION // per_token)
+            budget = min(GPU_MAX_TOKENS, max(GPU_MIN_TOKENS, budget))
+        else:
+            budget = CPU_PASS_ACTIVATION_BYTES // per_token
+            budget = min(CPU_MAX_TOKENS, max(CPU_MIN_TOKENS, budget))
         _budgets[base_model] = budget
     return budget
 
@@ -136,7 +145,7 @@ def activation_bytes_per_token(base_model: torch.nn.Module) -> int:
 
 
 __all__ = [
-    "CPU_PASS_TOKENS",
+    "CPU_PASS_ACTIVATION_BYTES",
     "Piece",
     "activation_bytes_per_token",
     "can_split",
