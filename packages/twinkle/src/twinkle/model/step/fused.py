@@ -229,8 +229,8 @@ def _drop_graph(states: Sequence[ForwardState]) -> None:
     The backward frees the graph's saved tensors, but its nodes (thousands of small allocations
     made during the forward, in between the activations) live as long as a tensor refers to
     them. Left until the step's end they split the freed activation memory into pieces the next
-    pass's tensors do not fit, and the heap grows pass by pass: at 8 tenants x 4 rows on the
-    ~25M model, 2558 MB peak against 1837 MB once released (docs/performance.md)."""
+    pass's tensors do not fit, and the heap grows pass by pass (docs/performance.md, "Memory per
+    pass")."""
     for state in states:
         state.logprobs = state.logprobs.detach()
         state.loss_output.loss = state.loss_output.loss.detach()

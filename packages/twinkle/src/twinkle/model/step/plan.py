@@ -20,15 +20,15 @@ from twinkle.model.step.batch import IMAGE_KEYS, TenantBatch
 
 #: The CPU budget, as activation memory per pass: what one pass may hold beyond the model's
 #: weights and the tenants' states, at the model's activation bytes per token
-#: (:func:`activation_bytes_per_token`), so a larger model gets fewer tokens per pass. Per-token
-#: memory is the base model's, the same in a fused pass as in one tenant's own (measured equal on
-#: the ~25M model), and on the CPU each pass also pays a fixed ~55 ms there (the base model's small
-#: batched matmuls): 600 MiB gives that model 1037 tokens (passes of 1024), where 256-token
-#: passes, which would keep its peak memory within 1.3x of a per-tenant PEFT loop, read 0.84-0.88x
-#: of one wide pass (figures: docs/performance.md, "Passes by a token budget").
+#: (:func:`activation_bytes_per_token`), so a larger model gets fewer tokens per pass. Memory per
+#: token is the base model's, the same in a fused pass as in one tenant's own, so a pass's size is
+#: a trade: each CPU pass also pays a fixed cost in the base model, and passes small enough to keep
+#: the peak near a per-tenant loop's give up most of the fusion's gain. The value keeps passes of
+#: eight 128-token rows on the ~25M benchmark model (measurements: docs/performance.md, "Memory
+#: per pass").
 CPU_PASS_ACTIVATION_BYTES = 600 << 20
-#: A CPU pass holds at least two 128-token rows and at most 2048 tokens: on the 0.35M model a
-#: 4096-token pass read 6% faster than two of 2048 for 23% more peak memory (850 vs 690 MB).
+#: A CPU pass holds at least two 128-token rows and at most 2048 tokens (beyond that, on the tiny
+#: model, a wider pass bought little speed for much more peak memory).
 CPU_MIN_TOKENS, CPU_MAX_TOKENS = 256, 2048
 #: Share of the free device memory a GPU pass's activations may take.
 GPU_FREE_FRACTION = 0.5
