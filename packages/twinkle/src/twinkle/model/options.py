@@ -52,6 +52,9 @@ class ExecutionOptions:
             tenant in one pass.
         split_batches: A single tenant's batch over ``max_pass_tokens`` runs as row chunks (one
             extra forward, the exact gradient) instead of whole in a pass of its own.
+        lean_activations: Training passes keep fewer activations in the base model's SwiGLU
+            MLPs and gated RMSNorms (:mod:`twinkle.model.transformers.lean`; bit-identical
+            gradients, no extra matrix work). Off only to measure.
     """
 
     lora_kernel: LoraKernel = "auto"
@@ -64,6 +67,7 @@ class ExecutionOptions:
     cpu_threads: int | None = None
     max_pass_tokens: int | None = None
     split_batches: bool = False
+    lean_activations: bool = True
 
     def __post_init__(self) -> None:
         if self.lora_kernel not in _KERNELS:

@@ -47,6 +47,7 @@ class ExecutionConfig(StrictModel):
     max_pass_tokens: int | None = Field(default=None, ge=0)
     """Most padded tokens one fused training pass holds (default: the device's; 0: no limit)."""
     split_batches: bool | None = None
+    lean_activations: bool | None = None
 
     def options(self) -> Any:
         """The ``ExecutionOptions`` these settings give (unset fields: defaults)."""

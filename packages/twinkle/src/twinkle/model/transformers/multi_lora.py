@@ -55,6 +55,7 @@ from twinkle.model.tenant import Tenant, TrainConfigs
 from twinkle.model.threads import small_on_cpu
 from twinkle.model.transformers._auto import auto_model_class
 from twinkle.model.transformers._checkpoint_methods import CheckpointMethods
+from twinkle.model.transformers.lean import make_lean
 
 
 class MultiLoraTransformersModel(CheckpointMethods):
@@ -117,6 +118,8 @@ class MultiLoraTransformersModel(CheckpointMethods):
             )
         self.model.requires_grad_(False)
         self.model.eval()  # dropout lives in the adapters; the base model is frozen
+        if self.options.lean_activations:
+            make_lean(self.model)
         self.router = LoraRouter(kernel=self.options.lora_kernel)
         self.seed = seed
         self.tenants: dict[str, Tenant] = {}
