@@ -53,8 +53,8 @@ class ExecutionOptions:
         split_batches: A single tenant's batch over ``max_pass_tokens`` runs as row chunks (one
             extra forward, the exact gradient) instead of whole in a pass of its own.
         lean_activations: Training passes keep fewer activations in the base model's SwiGLU
-            MLPs and gated RMSNorms (:mod:`twinkle.model.transformers.lean`; bit-identical
-            gradients, no extra matrix work). Off only to measure.
+            MLPs (:mod:`twinkle.model.transformers.lean`; bit-identical gradients, no extra
+            matrix work). Off only to measure.
     """
 
     lora_kernel: LoraKernel = "auto"
