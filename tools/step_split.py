@@ -10,7 +10,8 @@ state; medians after the warm-up steps are printed as one JSON line per set.
         --set mixed=8,16,32,64 --set r16=16,16,16,16 --set limit=30x4
 
 ``NAME=r1,r2,...`` is one tenant per rank, each with ``--batch`` rows; ``NAME=RxK`` is ONE
-tenant of rank R with K times ``--batch`` rows (the ``limit`` of K tenants).
+tenant of rank R with K times ``--batch`` rows (the ``limit`` of K tenants). Adapters, optimizer
+and rows are the training benchmark's own (``bench/multi_tenant_train.py``).
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
-SEQ = 128
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 
 def parse_set(text: str) -> tuple[str, list[tuple[int, int]]]:
@@ -45,29 +48,27 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+    import multi_tenant_train as mtt
     import torch
-    from peft import LoraConfig
 
     from twinkle.model import MultiLoraTransformersModel
 
     torch.manual_seed(0)
     model = MultiLoraTransformersModel(args.model, device="cpu")
-    g = torch.Generator().manual_seed(1)
-    sets: dict[str, tuple[list[str], dict]] = {}
+    sets: dict[str, tuple[list[tuple[int, int]], list[str], dict]] = {}
+    seed = 0
     for set_name, tenants in args.sets:
         names, requests = [], {}
         for i, (rank, rows) in enumerate(tenants):
             name = f"{set_name}{i}"
-            config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear")
-            model.add_adapter_to_model(name, config)
-            model.set_optimizer("AdamW", lr=1e-4, adapter_name=name)
-            ids = torch.randint(10, 4000, (rows * args.batch, SEQ), generator=g)
-            requests[name] = {"inputs": {"input_ids": ids, "labels": ids.clone()}}
+            mtt.add_tenant(model, name, rank)
+            requests[name] = {"inputs": mtt.make_batch(rows * args.batch, mtt.SEQ, seed)}
             names.append(name)
-        sets[set_name] = (names, requests)
+            seed += 1
+        sets[set_name] = (tenants, names, requests)
     times: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in sets}
     for step in range(args.warmup + args.steps):
-        for set_name, (names, requests) in sets.items():
+        for set_name, (_, names, requests) in sets.items():
             started = time.perf_counter()
             model.forward_backward_many(requests)
             passed = time.perf_counter()
@@ -80,7 +81,7 @@ def main() -> None:
         line = {
             "set": set_name,
             "model": args.model,
-            "tenants": [list(t) for t in dict(args.sets)[set_name]],
+            "tenants": [list(t) for t in sets[set_name][0]],
             "forward_backward_ms": round(statistics.median(passes) * 1e3, 1),
             "optimizer_ms": round(statistics.median(steps) * 1e3, 1),
             "steps": args.steps,
