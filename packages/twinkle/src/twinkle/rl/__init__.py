@@ -1,11 +1,13 @@
 """Reinforcement-learning pieces for the sample -> reward -> advantage -> train loop.
 
-Advantages (``GRPOAdvantage``, ``RLOOAdvantage``) turn flat per-sequence rewards into per-sequence
-advantages for ``model.forward_backward(..., advantages=...)``; rewards (``FormatReward``,
-``MathReward``) score what ``Sampler.sample`` returned. See ``docs/sampling.md``.
+The seed's namespace: ``GRPOAdvantage`` and ``RLOOAdvantage`` come from :mod:`twinkle.advantage`,
+``MathReward`` and ``final_number`` from :mod:`twinkle.reward`; ``FormatReward`` here defaults to
+the pattern ``Answer: -?\\d+`` (``twinkle.reward.FormatReward`` defaults to think/answer tags).
+See ``docs/sampling.md``.
 """
 
-from twinkle.rl.advantages import GRPOAdvantage, RLOOAdvantage
-from twinkle.rl.rewards import FormatReward, MathReward, final_number
+from twinkle.advantage import GRPOAdvantage, RLOOAdvantage
+from twinkle.reward import MathReward, final_number
+from twinkle.rl.rewards import FormatReward
 
 __all__ = ["FormatReward", "GRPOAdvantage", "MathReward", "RLOOAdvantage", "final_number"]
