@@ -75,6 +75,8 @@ ALLOWED: dict[str, str] = {
     "sampler.MockSampler.supports_extra_logprobs": "inherited: same reason as for Sampler",
     "sampler.vLLMSampler.supports_extra_logprobs": "inherited: same reason as for Sampler",
     "dataset.Dataset.hf_dataset": "the rows live on the server; there is no local HF dataset",
+    "dataset.LazyDataset.hf_dataset": "inherited from Dataset: the rows live on the server",
+    "dataset.PackingDataset.hf_dataset": "inherited from Dataset: the rows live on the server",
 }
 
 

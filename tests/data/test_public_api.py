@@ -12,6 +12,9 @@ DATA_FORMAT = {
     "InputFeature",
     "Message",
     "Role",
+    "SampleResponse",
+    "SampledSequence",
+    "SamplingParams",
     "TextPart",
     "Trajectory",
 }
@@ -30,6 +33,14 @@ SURFACES = {
     },
     "twinkle.preprocessor": {
         "AlpacaProcessor",
+        "CompetitionMathGRPOProcessor",
+        "CompetitionMathProcessor",
+        "CountdownProcessor",
+        "DataFilter",
+        "EmojiDPOProcessor",
+        "Filter",
+        "GSM8KProcessor",
+        "Mapper",
         "MessagesProcessor",
         "MissingFieldError",
         "Preprocessor",
@@ -38,7 +49,15 @@ SURFACES = {
         "list_preprocessors",
         "register_preprocessor",
     },
-    "twinkle.dataset": {"BUILTIN_DATASETS", "Dataset", "DatasetMeta"},
+    "twinkle.dataset": {
+        "BUILTIN_DATASETS",
+        "Dataset",
+        "DatasetMeta",
+        "IterableDataset",
+        "IterablePackingDataset",
+        "LazyDataset",
+        "PackingDataset",
+    },
     "twinkle.dataloader": {"DataLoader"},
     "twinkle.processor": {
         "InputProcessor",
@@ -71,8 +90,21 @@ def test_seed_signatures():
     assert params(Dataset.map)[1:3] == ["preprocessor", "init_args"]
     # timeout= as the seed writes it for twinkle_client.dataset (a remote call's limit; accepted
     # locally so scripts swap the import both ways).
-    assert params(Dataset.encode)[1:] == ["batched", "num_proc", "load_from_cache_file", "timeout"]
-    assert params(DataLoader) == ["dataset", "batch_size", "shuffle", "seed", "drop_last"]
+    assert params(Dataset.encode)[1:] == [
+        "batched",
+        "num_proc",
+        "load_from_cache_file",
+        "timeout",
+        "add_generation_prompt",
+    ]
+    assert params(DataLoader) == [
+        "dataset",
+        "batch_size",
+        "shuffle",
+        "seed",
+        "drop_last",
+        "num_workers",
+    ]
     assert params(Template)[:3] == ["model_id", "max_length", "truncation_strategy"]
     assert params(InputProcessor) == ["padding_side", "pad_token_id", "return_tensors"]
 

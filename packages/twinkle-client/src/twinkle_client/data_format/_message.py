@@ -1,8 +1,14 @@
-"""Chat messages and trajectories (a conversation plus per-sample metadata)."""
+"""Chat messages and trajectories (a conversation plus per-sample metadata).
+
+Both are pydantic models that also read like the plain dicts many scripts pass around:
+``message['role']``, ``message.get('content', '')``, ``trajectory.get('user_data', [])`` and
+``{**trajectory}`` work as on a dict.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import Sequence
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -15,8 +21,66 @@ from twinkle_client.data_format._content import (
 
 Role = Literal["system", "user", "assistant", "tool"]
 
+IMAGE_PLACEHOLDER = "<image>"
+"""Marks where an image given with ``Message(images=[...])`` sits in a string content."""
 
-class Message(BaseModel):
+
+class _DictAccess:
+    """Read access by key, as on a dict: ``obj['field']``, ``obj.get('field')``, ``'field' in
+    obj``, ``obj.keys()`` (so ``{**obj}`` and ``dict(obj)`` give the fields)."""
+
+    # Read-only views readable by key but not listed by ``keys()``: re-building an object from
+    # ``{**obj}`` must not pass them twice.
+    _views: ClassVar[tuple[str, ...]] = ()
+
+    def keys(self) -> list[str]:
+        """The field names."""
+        return list(type(self).model_fields)  # type: ignore[attr-defined]
+
+    def _readable(self, key: object) -> bool:
+        return key in type(self).model_fields or key in type(self)._views  # type: ignore[attr-defined]
+
+    def __getitem__(self, key: str) -> Any:
+        if not self._readable(key):
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __contains__(self, key: object) -> bool:
+        return self._readable(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The value of ``key``, or ``default`` when there is no such field."""
+        return getattr(self, key) if self._readable(key) else default
+
+
+def _place_images(content: Any, images: Sequence[Any]) -> list[dict[str, Any]]:
+    """``content`` as a list of parts with ``images`` in it: each ``<image>`` in the text takes
+    the next image; images without a placeholder go first, in order.
+
+    Raises:
+        ValueError: More ``<image>`` placeholders than images.
+    """
+    if isinstance(content, str):
+        pieces = content.split(IMAGE_PLACEHOLDER)
+        slots = len(pieces) - 1
+        if slots > len(images):
+            raise ValueError(
+                f"content has {slots} {IMAGE_PLACEHOLDER} placeholder(s) but only "
+                f"{len(images)} image(s) were given"
+            )
+        lead = len(images) - slots
+        parts: list[dict[str, Any]] = [{"type": "image", "image": i} for i in images[:lead]]
+        for position, piece in enumerate(pieces):
+            if position:
+                parts.append({"type": "image", "image": images[lead + position - 1]})
+            if piece:
+                parts.append({"type": "text", "text": piece})
+        return parts
+    parts = [{"type": "image", "image": image} for image in images]
+    return parts + list(content or [])
+
+
+class Message(_DictAccess, BaseModel):
     """One chat turn.
 
     Attributes:
@@ -27,15 +91,40 @@ class Message(BaseModel):
             images: the model reads images, it is never trained to produce them.
         reasoning_content: The assistant's thinking, rendered inside ``<think>...</think>`` by
             templates that support it; ``None`` when there is none.
+        tool_calls: The tool calls an assistant turn makes (OpenAI-style dicts).
+        tool_call_id: For a ``tool`` turn, the id of the call it answers.
+        name: Optional speaker or tool name.
+
+    ``Message(role='user', content='<image>What is this?', images=[img])`` is accepted too: the
+    images become image parts of ``content``, each at its ``<image>`` placeholder (images
+    without one go first), so nothing given is lost on the way to the template.
+
+    Raises:
+        pydantic.ValidationError: An unknown role, an image in an assistant turn, or more
+            ``<image>`` placeholders than images.
     """
 
-    # Datasets often carry extra per-message keys (``name``, ``loss``...); tolerating them keeps
+    # Datasets often carry extra per-message keys (``loss``, ``weight``...); tolerating them keeps
     # rows from public datasets usable without a custom preprocessor.
     model_config = ConfigDict(extra="ignore")
+    _views: ClassVar[tuple[str, ...]] = ("images", "text")
 
     role: Role
-    content: str | list[Annotated[TextPart | ImagePart, Field(discriminator="type")]]
+    content: str | list[Annotated[TextPart | ImagePart, Field(discriminator="type")]] = ""
     reasoning_content: str | None = None
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _images_into_content(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "images" in data:
+            data = dict(data)
+            images = data.pop("images") or []
+            if images:
+                data["content"] = _place_images(data.get("content", ""), list(images))
+        return data
 
     @model_validator(mode="after")
     def _no_assistant_images(self) -> Message:
@@ -57,18 +146,24 @@ class Message(BaseModel):
         return content_images(self.content)
 
 
-class Trajectory(BaseModel):
+class Trajectory(_DictAccess, BaseModel):
     """A conversation and the metadata that travels with it.
 
     Attributes:
-        messages: The turns, in order.
-        extra: Free-form per-sample data that is not rendered, e.g. the ground-truth answer an RL
-            reward function compares against.
+        messages: The turns, in order (may be empty: a preprocessor's way to mark a row for a
+            later ``filter``).
+        tools: Tool definitions offered to the model (OpenAI-style dicts).
+        user_data: Per-sample data for rewards and metrics that is never rendered, e.g.
+            ``[('ground_truth', '42')]`` or ``{'answer': 42}``.
+        extra: Free-form per-sample data that is not rendered (the older name of the same idea;
+            both are kept as given).
     """
 
     model_config = ConfigDict(extra="ignore")
 
-    messages: list[Message]
+    messages: list[Message] = Field(default_factory=list)
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    user_data: list[Any] | dict[str, Any] = Field(default_factory=list)
     extra: dict[str, Any] = Field(default_factory=dict)
 
     @classmethod

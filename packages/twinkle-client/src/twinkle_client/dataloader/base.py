@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+_END = object()
+
 
 class DataLoader:
     """Yields lists of samples (``InputFeature``s after ``Dataset.encode``) in batches.
@@ -17,15 +19,22 @@ class DataLoader:
     Batches are lists, not tensors: padding and collation belong to the model's processor, which
     may run on a remote server.
 
+    A dataset without ``len`` (``IterableDataset``, any iterable) is batched in stream order:
+    no shuffle, ``len(loader)`` is a ``TypeError``, each ``iter()`` restarts the stream, and a
+    resume skips the samples already consumed.
+
     Args:
-        dataset: Any sequence of samples (a ``Dataset``, a list...).
+        dataset: Any sequence of samples (a ``Dataset``, a list...) or an iterable of them.
         batch_size: Samples per batch.
         shuffle: Visit samples in a seeded random order per epoch.
         seed: Base seed of the shuffle.
         drop_last: Skip the last, smaller batch of each epoch.
+        num_workers: Accepted for scripts written for torch's loader; batches are read in this
+            process (a remote dataset is read a whole batch per request).
 
     Raises:
-        ValueError: If ``batch_size`` is not positive.
+        ValueError: If ``batch_size`` is not positive, ``num_workers`` is negative, or
+            ``shuffle`` is asked of a dataset without ``len``.
     """
 
     def __init__(
@@ -35,20 +44,33 @@ class DataLoader:
         shuffle: bool = False,
         seed: int = 42,
         drop_last: bool = False,
+        num_workers: int = 0,
     ) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        self.streaming = not hasattr(dataset, "__len__")
+        if self.streaming and shuffle:
+            raise ValueError("shuffle needs a dataset with len(); a streaming dataset has none")
         self.dataset = dataset
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.seed = seed
         self.drop_last = drop_last
+        self.num_workers = num_workers
         self._epoch = 0
         self._offset = 0  # samples of the current epoch already yielded
         self._consumed = 0
 
     def __len__(self) -> int:
-        """Batches per epoch."""
+        """Batches per epoch.
+
+        Raises:
+            TypeError: For a streaming dataset (it has no length).
+        """
+        if self.streaming:
+            raise TypeError("a DataLoader over a streaming dataset has no len()")
         n = len(self.dataset)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
@@ -66,6 +88,9 @@ class DataLoader:
         return np.random.default_rng(self.seed + epoch).permutation(n)
 
     def __iter__(self) -> Iterator[list[Any]]:
+        if self.streaming:
+            yield from self._stream()
+            return
         per_epoch = self.samples_per_epoch
         if per_epoch == 0:
             return
@@ -82,6 +107,26 @@ class DataLoader:
                 yield batch
                 return
             yield batch
+
+    def _stream(self) -> Iterator[list[Any]]:
+        stream = iter(self.dataset)  # type: ignore[call-overload]
+        skipped = 0
+        while skipped < self._offset and next(stream, _END) is not _END:
+            skipped += 1
+        batch: list[Any] = []
+        for sample in stream:
+            batch.append(sample)
+            if len(batch) == self.batch_size:
+                self._offset += len(batch)
+                self._consumed += len(batch)
+                yield batch
+                batch = []
+        if batch and not self.drop_last:
+            self._offset += len(batch)
+            self._consumed += len(batch)
+            yield batch
+        self._epoch += 1
+        self._offset = 0
 
     def _fetch(self, indices: list[int]) -> list[Any]:
         getitems = getattr(self.dataset, "__getitems__", None)
@@ -109,8 +154,12 @@ class DataLoader:
         """
         if consumed_train_samples < 0:
             raise ValueError(f"consumed_train_samples must be >= 0, got {consumed_train_samples}")
-        per_epoch = self.samples_per_epoch
         self._consumed = consumed_train_samples
+        if self.streaming:
+            # The stream's epoch length is unknown: skip that many samples of the next pass.
+            self._epoch, self._offset = 0, consumed_train_samples
+            return
+        per_epoch = self.samples_per_epoch
         if per_epoch == 0:
             self._epoch, self._offset = 0, 0
             return

@@ -37,6 +37,17 @@ def meta_to_wire(meta: DatasetMeta) -> dict[str, Any]:
     }
 
 
+def encoded_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """An encoded row from the wire: an ``InputFeature``, or for a row of several trajectories
+    (``{'positive': ..., 'negative': ...}``) a dict of them."""
+    if "input_ids" in row:
+        return InputFeature(row)
+    return {
+        key: InputFeature(value) if isinstance(value, Mapping) and "input_ids" in value else value
+        for key, value in row.items()
+    }
+
+
 class Dataset:
     """A dataset held by the server's processor application, with the local class's API.
 
@@ -58,6 +69,7 @@ class Dataset:
         self.dataset_meta = dataset_meta
         self.client: TwinkleClient = get_default_client()
         self._template: str | None = None
+        self._max_length: int | None = None
         self._encoded = False
         reply = self._call("create_dataset", dataset_meta=meta_to_wire(dataset_meta))
         self._handle: str = reply["dataset"]
@@ -118,6 +130,7 @@ class Dataset:
             )
         )
         self._template = name
+        self._max_length = max_length
         return self
 
     def map(
@@ -154,9 +167,10 @@ class Dataset:
 
     def filter(
         self,
-        fn: Callable[[Mapping[str, Any]], bool],
+        fn: str | type | Callable[[Mapping[str, Any]], bool],
         load_from_cache_file: bool = True,
         num_proc: int | None = None,
+        init_args: Mapping[str, Any] | None = None,
     ) -> Dataset:
         """Not available remotely: a filter is code, and no code is sent to the server.
 
@@ -176,6 +190,7 @@ class Dataset:
         num_proc: int | None = None,
         load_from_cache_file: bool = True,
         timeout: float = DEFAULT_TIMEOUT_S,
+        add_generation_prompt: bool = False,
     ) -> Dataset:
         """Tokenise every trajectory with the template, on the server.
 
@@ -184,20 +199,21 @@ class Dataset:
             num_proc: Server worker processes (capped by the server).
             load_from_cache_file: Reuse the server's cached encoding of the same data.
             timeout: Seconds to wait for the server (600 by default; raise it for big data).
+            add_generation_prompt: End each sample with the assistant header (prompts to sample
+                from).
 
         Raises:
             BadRequestError: No template, malformed rows, or over-long samples under ``'raise'``.
             ServerUnavailableError: The server did not finish within ``timeout``.
         """
-        self._update(
-            self._call(
-                "encode",
-                timeout=timeout,
-                batched=batched,
-                num_proc=num_proc,
-                load_from_cache_file=load_from_cache_file,
-            )
-        )
+        body: dict[str, Any] = {
+            "batched": batched,
+            "num_proc": num_proc,
+            "load_from_cache_file": load_from_cache_file,
+        }
+        if add_generation_prompt:
+            body["add_generation_prompt"] = True
+        self._update(self._call("encode", timeout=timeout, **body))
         return self
 
     def __len__(self) -> int:
@@ -216,8 +232,9 @@ class Dataset:
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         """Many rows in one request (``DataLoader`` uses it for whole batches)."""
         reply = self._call("rows", indices=[int(i) for i in indices])
-        wrap = InputFeature if reply.get("encoded") else dict
-        return [wrap(row) for row in reply["rows"]]
+        if not reply.get("encoded"):
+            return [dict(row) for row in reply["rows"]]
+        return [encoded_row(row) for row in reply["rows"]]
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for start in range(0, len(self), _FETCH_CHUNK):

@@ -6,8 +6,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from twinkle._logging import get_logger
-from twinkle.data_format import InputFeature
-from twinkle.dataset._row_functions import EncodeBatch, PreprocessBatch, encode_fingerprint
+from twinkle.dataset._records import read_row
+from twinkle.dataset._row_functions import (
+    EncodeBatch,
+    PreprocessBatch,
+    encode_fingerprint,
+    keeps,
+    paired_columns,
+)
 from twinkle.dataset._sources import load_source
 from twinkle.dataset.meta import DatasetMeta
 from twinkle.preprocessor import get_preprocessor
@@ -48,6 +54,8 @@ class Dataset:
         self._data = data
         self._template: Template | None = None
         self._encoded = False
+        # Columns holding one trajectory each (preference rows), encoded one feature each.
+        self._paired: tuple[str, ...] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -108,6 +116,10 @@ class Dataset:
     ) -> Dataset:
         """Convert every row with a preprocessor; rows it maps to ``None`` are dropped.
 
+        A preprocessor may return one trajectory, a dict of them (``{'positive': ...,
+        'negative': ...}``, encoded one feature each), a list (several rows) or ``None``;
+        upstream-style batch preprocessors (columns in, columns out) work too.
+
         Args:
             preprocessor: A registered name, a ``Preprocessor`` class (built with ``init_args``),
                 an instance, or any ``row -> dict | Trajectory | None`` callable.
@@ -138,14 +150,25 @@ class Dataset:
 
     def filter(
         self,
-        fn: Callable[[Mapping[str, Any]], bool],
+        fn: str | type | Callable[[Mapping[str, Any]], bool],
         load_from_cache_file: bool = True,
         num_proc: int | None = None,
+        init_args: Mapping[str, Any] | None = None,
     ) -> Dataset:
-        """Keep the rows (``InputFeature`` items once encoded) for which ``fn`` is true."""
-        wrap = InputFeature if self._encoded else dict
+        """Keep the rows (``InputFeature`` items once encoded) for which ``fn`` is true.
+
+        Args:
+            fn: Any ``row -> bool`` callable, or a ``DataFilter`` / ``Filter`` (registered name,
+                class built with ``init_args``, or instance).
+            load_from_cache_file: Reuse a cached result of the same filter when there is one.
+            num_proc: Worker processes (``None``: in this process).
+            init_args: Constructor arguments for a name or class.
+        """
+        fn = get_preprocessor(fn, init_args)
+        paired, encoded = self._paired, self._encoded
         self._data = self._data.filter(
-            lambda row: bool(fn(wrap(row))),
+            lambda row, index: keeps(fn, index, read_row(row, paired, encoded)),
+            with_indices=True,
             load_from_cache_file=load_from_cache_file,
             num_proc=num_proc,
         )
@@ -157,8 +180,12 @@ class Dataset:
         num_proc: int | None = None,
         load_from_cache_file: bool = True,
         timeout: float = 600.0,
+        add_generation_prompt: bool = False,
     ) -> Dataset:
         """Tokenise every trajectory with the template.
+
+        A row of several trajectories (``{'positive': ..., 'negative': ...}``) becomes a dict of
+        ``InputFeature``s under the same keys; ``user_data`` stays on the encoded row.
 
         Over-long samples follow the template's ``truncation_strategy``; with ``'delete'`` they
         are removed and the number removed is logged.
@@ -170,6 +197,8 @@ class Dataset:
             timeout: The remote call's timeout (``twinkle_client.dataset.Dataset.encode``: seconds
                 to wait for the server), accepted so a script runs with either import. Ignored
                 here: a local encode runs in this process and is never cut short.
+            add_generation_prompt: End each sample with the assistant header, for prompts that
+                are sampled from (RL) rather than trained on.
 
         Raises:
             RuntimeError: If no template is set or it has no tokenizer.
@@ -178,24 +207,28 @@ class Dataset:
         """
         self._check_not_encoded("encode")
         template = self._require_template()
-        if len(self._data) and "messages" not in self._data.column_names:
+        paired = paired_columns(self._data[0]) if len(self._data) else None
+        if len(self._data) and "messages" not in self._data.column_names and not paired:
             raise ValueError(
                 f"row 0: missing field 'messages' (columns: {self._data.column_names}); "
                 "convert rows with map(preprocessor) first"
             )
         before = len(self._data)
         self._data = self._data.map(
-            EncodeBatch(template),
+            EncodeBatch(template, add_generation_prompt),
             batched=True,
             batch_size=1000 if batched else 1,
             with_indices=True,
             remove_columns=self._data.column_names,
             load_from_cache_file=load_from_cache_file,
             num_proc=num_proc,
-            new_fingerprint=encode_fingerprint(self._data._fingerprint, template),
+            new_fingerprint=encode_fingerprint(
+                self._data._fingerprint, template, add_generation_prompt
+            ),
             desc="encode",
         )
         self._encoded = True
+        self._paired = paired
         dropped = before - len(self._data)
         if dropped:
             logger.info(
@@ -211,7 +244,8 @@ class Dataset:
         return len(self._data)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        """Row ``index``: an ``InputFeature`` after ``encode``, otherwise the row dict."""
+        """Row ``index``: an ``InputFeature`` after ``encode`` (a dict of them for paired rows),
+        otherwise the row dict."""
         if not isinstance(index, int):
             raise TypeError(f"Dataset indices must be int, got {type(index)!r}")
         if index < 0:
@@ -230,7 +264,7 @@ class Dataset:
             yield self._wrap(row)
 
     def _wrap(self, row: dict[str, Any]) -> dict[str, Any]:
-        return InputFeature(row) if self._encoded else row
+        return read_row(row, self._paired, self._encoded)
 
     def _require_template(self) -> Template:
         if self._template is None:
