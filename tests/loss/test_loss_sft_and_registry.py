@@ -113,23 +113,33 @@ def test_register_user_loss(monkeypatch):
 
 def test_public_surface():
     assert set(loss_pkg.__all__) == {
+        "BNPOLoss",
         "CISPOLoss",
+        "CPOLoss",
         "CrossEntropyLoss",
         "CustomGraphLoss",
         "DPOLoss",
         "DROLoss",
+        "DRGRPOLoss",
+        "GKDLoss",
         "GRPOLoss",
         "GSPOLoss",
         "ImportanceSamplingLoss",
+        "InfonceLoss",
         "Loss",
         "LossInputs",
         "LossOutput",
+        "MSELoss",
+        "ORPOLoss",
         "PPOLoss",
+        "SAPOLoss",
+        "SimPOLoss",
         "StableReinforceLoss",
         "TinkerCrossEntropyLoss",
         "loss_from_spec",
         "get_loss",
         "known_losses",
+        "register_alias",
         "register_loss",
     }
     assert Loss.needs_reference is False

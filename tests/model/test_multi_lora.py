@@ -179,3 +179,24 @@ def test_transformers_model_holds_one_adapter():
     m.add_adapter_to_model("default", LoraConfig(r=4))
     with pytest.raises(ValueError, match="at most 1"):
         m.add_adapter_to_model("second", LoraConfig(r=4))
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("CosineWarmupScheduler", [0.5, 1.0, 1.0, 0.5]),
+        ("LinearWarmupScheduler", [0.5, 1.0, 1.0, 0.5]),
+    ],
+)
+def test_upstream_scheduler_names(batch, name, expected):
+    """ModelScope Twinkle's scheduler names, with its (num_warmup_steps, num_training_steps)."""
+    m = TransformersModel("tiny://qwen3")
+    m.add_adapter_to_model("default", LoraConfig(r=4))
+    m.set_optimizer("AdamW", lr=1.0)
+    m.set_lr_scheduler(name, num_warmup_steps=2, num_training_steps=4)
+    lrs = []
+    for _ in range(4):
+        lrs.append(m.calculate_metric().result["lr"])
+        m.forward_backward(batch)
+        m.clip_grad_and_step()
+    assert lrs == pytest.approx(expected)

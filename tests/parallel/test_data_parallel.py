@@ -134,6 +134,26 @@ def test_fused_two_tenant_batch_with_ce_and_grpo(dp, single):
             dp.check_replicas(name)
 
 
+def test_upstream_dpo_flow_keeps_pairs_whole_and_reference_rows_aligned(dp, single):
+    """ModelScope Twinkle's DPO script: a reference pass with the adapter off, then a training
+    pass with its result as ``ref_outputs``. The replicas get whole pairs and the reference
+    rows that belong to them; the step equals one model's."""
+    _add((dp, single), "pref", rank=4, loss="SimPOLoss")
+    for model in (dp, single):
+        model.set_loss("DPOLoss", adapter_name="pref", beta=0.1, reference_free=False)
+    batch = make_batch(rows=6, seq=14, seed=7)  # 3 pairs: ranks get 2 and 1 pairs
+    refs = [m.forward_only(batch, adapter_name="pref", disable_lora=True) for m in (dp, single)]
+    assert "loss" not in refs[0] and refs[0].result is refs[0]
+    for got, expected in zip(refs[0]["logprobs"], refs[1]["logprobs"]):
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), rtol=1e-5, atol=1e-6)
+    got = dp.forward_backward(batch, adapter_name="pref", ref_outputs=refs[0].result)
+    expected = single.forward_backward(batch, adapter_name="pref", ref_outputs=refs[1].result)
+    assert got["loss"] == pytest.approx(expected["loss"], rel=1e-5)
+    dp.clip_grad_and_step(adapter_name="pref")
+    single.clip_grad_and_step(adapter_name="pref")
+    _assert_same_adapter(dp, single, "pref")
+
+
 def test_a_tenant_with_fewer_rows_than_ranks(dp, single):
     _add((dp, single), "one", rank=4)
     batch = make_batch(rows=1, seq=10, seed=7)  # rank 1 gets no row and still joins the all-reduce

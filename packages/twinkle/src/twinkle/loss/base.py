@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from twinkle.errors import InvalidArgumentError
+
 
 @dataclass
 class LossInputs:
@@ -24,6 +26,12 @@ class LossInputs:
         old_logprobs: ``[B, T]`` behaviour/sampler log-probabilities (tinker's ``logprobs`` input).
         ref_logprobs: ``[B, T]`` reference-model log-probabilities (adapter disabled), no grad.
         weights: ``[B, T]`` per-token weights (tinker ``cross_entropy``).
+        target_values: ``[B, T]`` per-token regression targets (``MSELoss``).
+        teacher_topk_logprobs: ``[B, T, K]`` a teacher's log-probabilities (or logits) of ``K``
+            candidate tokens at each position (distillation).
+        topk_logits: ``[B, T, K]`` the policy's logits of the same candidates (requires grad).
+        embeddings: ``[B, D]`` one pooled last hidden state per row (``task='embedding'``).
+        row_labels: ``[B]`` int64 per-row labels of an embedding batch (1 starts a group).
         extra: free-form per-loss inputs.
     """
 
@@ -34,6 +42,11 @@ class LossInputs:
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     weights: torch.Tensor | None = None
+    target_values: torch.Tensor | None = None
+    teacher_topk_logprobs: torch.Tensor | None = None
+    topk_logits: torch.Tensor | None = None
+    embeddings: torch.Tensor | None = None
+    row_labels: torch.Tensor | None = None
     extra: dict = field(default_factory=dict)
 
 
@@ -57,11 +70,20 @@ class Loss:
 
     Attributes:
         name: registry name of the loss.
-        needs_reference: when True the model fills ``ref_logprobs`` (adapter disabled, no grad).
+        needs_reference: when True the model fills ``ref_logprobs`` (adapter disabled, no grad)
+            unless the request gave them (``ref_logprobs`` / ``ref_outputs``).
+        needs_embeddings: when True the model pools each row's last hidden state into
+            ``embeddings`` and the batch is an embedding batch (``task='embedding'``).
+        pooling: how those rows are pooled: ``'last'`` (last real token) or ``'mean'``.
+        pair_rows: when True rows come in (chosen, rejected) pairs that must never be split
+            (data-parallel replicas receive whole pairs).
     """
 
     name: str = "loss"
     needs_reference: bool = False
+    needs_embeddings: bool = False
+    pooling: str = "last"
+    pair_rows: bool = False
 
     def __call__(self, inputs: LossInputs) -> LossOutput:
         """Compute the loss for one batch.
@@ -90,11 +112,13 @@ def require(inputs: LossInputs, field_name: str, loss_name: str) -> torch.Tensor
         The tensor.
 
     Raises:
-        ValueError: if the field is None.
+        InvalidArgumentError: if the field is None (a ``ValueError``; the server answers 400).
     """
     value = getattr(inputs, field_name)
     if value is None:
-        raise ValueError(f"loss {loss_name!r} requires the input {field_name!r}, which is missing")
+        raise InvalidArgumentError(
+            f"loss {loss_name!r} requires the input {field_name!r}, which is missing"
+        )
     return value
 
 
@@ -108,3 +132,32 @@ def per_token(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 def num_tokens(mask_B_T: torch.Tensor) -> int:
     """Count the tokens that the mask selects."""
     return int(mask_B_T.sum().item())
+
+
+def masked_mean(values_B_T: torch.Tensor, mask_B_T: torch.Tensor) -> torch.Tensor:
+    """Mean of ``values`` over the masked tokens (0 when there is none)."""
+    return (values_B_T * mask_B_T).sum() / mask_B_T.sum().clamp(min=1.0)
+
+
+def row_sums(values_B_T: torch.Tensor, mask_B_T: torch.Tensor) -> torch.Tensor:
+    """``[B]`` sum of each row's masked values."""
+    return (values_B_T * mask_B_T).sum(-1)
+
+
+def row_means(values_B_T: torch.Tensor, mask_B_T: torch.Tensor) -> torch.Tensor:
+    """``[B]`` mean of each row's masked values (0 for a row without tokens)."""
+    return (values_B_T * mask_B_T).sum(-1) / mask_B_T.sum(-1).clamp(min=1.0)
+
+
+def check_pairs(inputs: LossInputs, loss_name: str) -> None:
+    """Refuse a batch that is not (chosen, rejected) row pairs.
+
+    Raises:
+        InvalidArgumentError: an odd number of rows.
+    """
+    rows = inputs.logprobs.shape[0]
+    if rows % 2:
+        raise InvalidArgumentError(
+            f"loss {loss_name!r} needs (chosen, rejected) row pairs (chosen at even rows), "
+            f"got an odd batch of {rows} rows"
+        )

@@ -85,10 +85,18 @@ def _linear_decay(lr_decay_steps: int = 1000, num_warmup_steps: int = 0, min_lr_
     return factor
 
 
+def _linear_with_warmup(num_warmup_steps: int = 0, num_training_steps: int = 1000):
+    return _linear_decay(lr_decay_steps=num_training_steps, num_warmup_steps=num_warmup_steps)
+
+
+# ModelScope Twinkle's scripts name their schedulers `CosineWarmupScheduler` and
+# `LinearWarmupScheduler`, with the same (num_warmup_steps, num_training_steps) arguments.
 _LAMBDA_SCHEDULES = {
     "constant": _constant,
     "cosine": _cosine_with_warmup,
     "CosineWithWarmup": _cosine_with_warmup,
+    "CosineWarmupScheduler": _cosine_with_warmup,
+    "LinearWarmupScheduler": _linear_with_warmup,
     "default": _linear_decay,
 }
 SCHEDULERS = ["LinearLR", "CosineAnnealingLR", "StepLR", *_LAMBDA_SCHEDULES]

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from twinkle.model.lora.spec import AdapterSpec
-from twinkle.model.metrics import MetricAccumulator
+from twinkle.model.metrics import AttachedMetrics, MetricAccumulator
 from twinkle_client.types import TrainConfigs  # one type: what the client gets, locally too
 
 
@@ -37,6 +37,7 @@ class Tenant:
     last_forward: Any = None
     train_metrics: MetricAccumulator = field(default_factory=MetricAccumulator)
     eval_metrics: MetricAccumulator = field(default_factory=MetricAccumulator)
+    attached_metrics: AttachedMetrics = field(default_factory=AttachedMetrics)
 
     def lr(self) -> float | None:
         if self.optimizer is None:

@@ -6,7 +6,18 @@ from typing import Any
 
 import numpy as np
 
-PER_ROW_KEYS = ("advantages", "old_logprobs", "ref_logprobs", "weights")
+PER_ROW_KEYS = (
+    "advantages",
+    "old_logprobs",
+    "ref_logprobs",
+    "weights",
+    "old_logps",
+    "ref_logps",
+    "target_values",
+    "teacher_topk_logprobs",
+    "teacher_topk_indices",
+    "teacher_logits",
+)
 
 
 def row_count(inputs: Any) -> int:
@@ -61,8 +72,8 @@ def split_request(
 ) -> list[dict[str, Any] | None]:
     """One request (``{'inputs': ..., **loss_kwargs}``) per rank; ``None`` where a rank has no row.
 
-    Per-row loss inputs (``advantages``, ``old_logprobs``, ``ref_logprobs``, ``weights``) are split
-    with the rows; every other keyword goes to each rank unchanged.
+    Per-row loss inputs (``PER_ROW_KEYS`` and the per-row fields of a ``ref_outputs`` result) are
+    split with the rows; every other keyword goes to each rank unchanged.
     """
     inputs = request["inputs"]
     rows = row_count(inputs)
@@ -75,7 +86,10 @@ def split_request(
         for key, value in request.items():
             if key == "inputs":
                 continue
-            shard[key] = _take(value, start, end, rows) if key in PER_ROW_KEYS else value
+            if key == "ref_outputs" and isinstance(value, dict):  # a forward_only result
+                shard[key] = {k: _take(v, start, end, rows) for k, v in value.items()}
+            else:
+                shard[key] = _take(value, start, end, rows) if key in PER_ROW_KEYS else value
         shards.append(shard)
     return shards
 

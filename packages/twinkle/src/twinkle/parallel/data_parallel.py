@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from twinkle.errors import InvalidArgumentError, StateOrderError, UnknownAdapterError
+from twinkle.loss.registry import loss_class
 from twinkle.model.metrics import Metric
 from twinkle.model.protocol import AdamParams, Capabilities
 from twinkle.model.protocol import adam_params as adam_params_of
@@ -23,6 +24,7 @@ from twinkle.parallel import _sharding
 from twinkle.parallel._replicas import ReplicaSet, placement_options
 from twinkle.parallel.device import DeviceGroup
 from twinkle.parallel.errors import AdapterLostError
+from twinkle_client.types import ForwardOutput
 
 _CONFIG_CALLS = ("set_template", "set_processor", "set_loss", "set_optimizer", "set_lr_scheduler")
 
@@ -284,9 +286,8 @@ class DataParallelModel:
         self._broadcast(method, value, adapter_name=adapter.name, **kwargs)
         adapter.calls[method] = ((value,), {"adapter_name": adapter.name, **kwargs})
         if method == "set_loss":
-            adapter.pair_rows = (
-                getattr(value, "name", None) or getattr(value, "__name__", value)
-            ) == "DPOLoss"
+            cls = loss_class(value)
+            adapter.pair_rows = bool(cls is not None and cls.pair_rows)
 
     def set_template(self, template: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
         self._configure("set_template", template, adapter_name, kwargs)
@@ -314,7 +315,9 @@ class DataParallelModel:
         if "inputs" not in request:
             raise InvalidArgumentError(f"request for adapter {name!r} has no 'inputs'")
         rows = _sharding.row_count(request["inputs"])
-        unit = 2 if self.adapters[name].pair_rows else 1
+        # Contrastive rows see each other (in-batch negatives): they stay on one replica.
+        whole = request.get("task") == "embedding"
+        unit = max(rows, 1) if whole else 2 if self.adapters[name].pair_rows else 1
         return _sharding.split_request(request, _sharding.shard_bounds(rows, self.dp_size, unit))
 
     def forward_backward(
@@ -353,12 +356,16 @@ class DataParallelModel:
         ])  # fmt: skip
         rows = [len(out["logprobs"]) for out in outs]
         total = sum(rows) or 1
-        return {
-            "loss": sum(out["loss"] * r for out, r in zip(outs, rows)) / total,
-            "logprobs": _sharding.join_logprobs([out["logprobs"] for out in outs]),
-            "num_tokens": sum(out["num_tokens"] for out in outs),
-            "metrics": _sharding.mean_metrics([out.get("metrics", {}) for out in outs], rows),
-        }
+        result = ForwardOutput(
+            logprobs=_sharding.join_logprobs([out["logprobs"] for out in outs]),
+            num_tokens=sum(out["num_tokens"] for out in outs),
+        )
+        if all("loss" in out for out in outs):  # no loss for a disable_lora reference pass
+            result["loss"] = sum(out["loss"] * r for out, r in zip(outs, rows)) / total
+            result["metrics"] = _sharding.mean_metrics(
+                [out.get("metrics", {}) for out in outs], rows
+            )
+        return result
 
     def forward(
         self, inputs: Any, adapter_name: str | None = None, **kwargs: Any

@@ -15,7 +15,10 @@ from twinkle.model.mock._batch import Batch, flatten, per_row
 from twinkle.model.mock._optim import LRSchedule, NumpyOptimizer
 from twinkle.model.protocol import AdamParams, Capabilities
 from twinkle.model.protocol import adam_params as adam_params_of
-from twinkle_client.types import TrainConfigs
+from twinkle_client.types import ForwardOutput, TrainConfigs
+
+#: Inputs of the torch backends that the mock's losses never read: refused, not ignored.
+_UNSUPPORTED_INPUTS = ("ref_outputs", "ref_logprobs", "ref_logps", "teacher_topk_logprobs")
 
 
 class MockModel:
@@ -43,6 +46,12 @@ class MockModel:
         self.vocab_size, self.hidden_size, self.seed = vocab_size, hidden_size, seed
         self.base = _lora.BaseWeights.from_seed(vocab_size, hidden_size, seed)
         self._adapters: dict[str, AdapterState] = {}
+
+    @classmethod
+    def for_model(cls, model_id: str, **kwargs: Any) -> MockModel:
+        """A mock with the vocabulary of ``model_id`` (:func:`model_vocab_size`), so that data
+        tokenized for that model fits it."""
+        return cls(model_id=model_id, vocab_size=model_vocab_size(model_id), **kwargs)
 
     # Adapter lifecycle and settings.
 
@@ -110,25 +119,43 @@ class MockModel:
             ``{'loss': float, 'logprobs': [per-row arrays aligned with labels]}``.
         """
         state = self._resolve(adapter_name)
+        _check_inputs(kwargs)
+        if kwargs.get("disable_lora"):
+            raise InvalidArgumentError(
+                "disable_lora applies to forward_only (a pass of the base model alone)"
+            )
         loss, logprobs, grads = self._run(state, inputs, kwargs.get("advantages"), with_grads=True)
         for key, grad in grads.items():
             state.grads[key] += grad
         state.pending_grads = True
         return {"loss": loss, "logprobs": logprobs}
 
-    def forward_only(self, inputs: Any, adapter_name: str | None = None, **kwargs) -> dict:
-        """Like :meth:`forward_backward` without touching gradients."""
+    def forward_only(
+        self,
+        inputs: Any,
+        adapter_name: str | None = None,
+        disable_lora: bool = False,
+        **kwargs,
+    ) -> ForwardOutput:
+        """Like :meth:`forward_backward` without touching gradients; ``disable_lora`` runs the
+        base model alone and returns its log-probs only (no loss, no metric), as the torch
+        backends do."""
         state = self._resolve(adapter_name)
+        _check_inputs(kwargs)
+        if disable_lora:
+            batch, lp_N, _ = self._logprobs(state, inputs, bare=True)
+            return ForwardOutput(logprobs=per_row(batch, lp_N), num_tokens=int(batch.valid_N.sum()))
         loss, logprobs, _ = self._run(state, inputs, kwargs.get("advantages"), with_grads=False)
-        return {"loss": loss, "logprobs": logprobs}
+        return ForwardOutput(loss=loss, logprobs=logprobs)
 
     def forward(self, inputs: Any, adapter_name: str | None = None, **kwargs) -> dict:
         """Per-row target log-probs and the trained-token count, as the transformers backend's
         ``forward`` returns them; the mock keeps no graph for a later ``backward``, so nothing
         of the adapter (gradients, metrics) changes."""
         state = self._resolve(adapter_name)
+        _check_inputs(kwargs)
         batch, lp_N, _ = self._logprobs(state, inputs)
-        return {"logprobs": per_row(batch, lp_N), "num_tokens": int(batch.valid_N.sum())}
+        return ForwardOutput(logprobs=per_row(batch, lp_N), num_tokens=int(batch.valid_N.sum()))
 
     def clip_grad_and_step(
         self, max_grad_norm: float | None = 1.0, adapter_name: str | None = None, **kwargs
@@ -317,14 +344,19 @@ class MockModel:
             )
         return self._adapters[adapter_name]
 
-    def _logprobs(self, state: AdapterState, inputs: Any):
-        """The flattened batch, each position's target log-prob, and the forward's cache."""
+    def _logprobs(self, state: AdapterState, inputs: Any, bare: bool = False):
+        """The flattened batch, each position's target log-prob, and the forward's cache
+        (``bare``: without the adapter)."""
         rows = [inputs] if isinstance(inputs, dict) else list(inputs)
         if not rows:
             raise InvalidArgumentError("inputs must hold at least one row")
         batch = flatten(rows, self.vocab_size)
         logprobs_N_V, cache = _lora.forward(
-            self.base, state.params["A"], state.params["B"], state.scale, batch.ids_N
+            self.base,
+            state.params["A"],
+            state.params["B"],
+            0.0 if bare else state.scale,
+            batch.ids_N,
         )
         n = len(batch.ids_N)
         lp_N = np.where(batch.valid_N, logprobs_N_V[np.arange(n), batch.targets_N], 0.0)
@@ -366,3 +398,45 @@ class MockModel:
         ratio_N = np.exp(lp_N - old_N) * valid
         # Summed, not averaged, as Tinker defines importance_sampling.
         return float(-(ratio_N * adv_N).sum()), -ratio_N * adv_N
+
+
+def _check_inputs(kwargs: dict) -> None:
+    """Refuse the torch backends' inputs that the mock cannot honour, naming them.
+
+    Raises:
+        InvalidArgumentError: a reference, a teacher, or an embedding task.
+    """
+    given = [key for key in _UNSUPPORTED_INPUTS if kwargs.get(key) is not None]
+    if kwargs.get("task", "causal_lm") != "causal_lm":
+        given.append(f"task={kwargs['task']!r}")
+    if given:
+        raise InvalidArgumentError(
+            f"the mock backend does not support {', '.join(given)} (its losses are "
+            "CrossEntropyLoss, cross_entropy and importance_sampling); serve backend: "
+            "transformers for reference, distillation and embedding training"
+        )
+
+
+def model_vocab_size(model_id: str) -> int:
+    """The vocabulary size of ``model_id``'s config, or 256 for an id that names no model.
+
+    An image-text model's config (e.g. ``Qwen3_5Config``) has no top-level ``vocab_size``: its
+    text model's (``text_config.vocab_size``) is the vocabulary its tokens come from. ``mock``, or
+    an id that resolves to no model directory (ModelScope Twinkle's ``mock-model``), gets the
+    mock's default 256: a mock needs no real model.
+    """
+    if model_id == "mock":
+        return 256
+    from twinkle.hub import load_config
+    from twinkle.hub._resolve import ModelNotFoundError
+
+    try:
+        config = load_config(model_id)
+    except ModelNotFoundError:
+        return 256
+    vocab = getattr(config, "vocab_size", None)
+    if vocab is None:
+        vocab = getattr(getattr(config, "text_config", None), "vocab_size", None)
+    if vocab is None:
+        raise InvalidArgumentError(f"the config of {model_id!r} names no vocab_size")
+    return int(vocab)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from twinkle.loss import LossInputs
-from twinkle.model.metrics import MetricAccumulator
+from twinkle.model.metrics import MetricAccumulator, record_attached_metrics
 from twinkle.model.step.batch import TenantBatch
 from twinkle.model.step.passes import ForwardState
 from twinkle.model.tenant import Tenant
@@ -30,6 +30,11 @@ def compute_loss(state: ForwardState, loss: Any) -> None:
         old_logprobs=extras["old_logprobs"],
         ref_logprobs=ref if ref is not None else state.ref_logprobs,
         weights=extras["weights"],
+        target_values=extras.get("target_values"),
+        teacher_topk_logprobs=extras.get("teacher_topk_logprobs"),
+        topk_logits=state.topk_logits,
+        embeddings=state.embeddings,
+        row_labels=batch.row_labels,
         extra=dict(batch.loss_kwargs),
     )
     state.loss_output = loss(inputs)
@@ -47,11 +52,16 @@ def record_train_metrics(tenant: Tenant, state: ForwardState) -> None:
     tenant.pending_grads = True
     tenant.consumed_train_samples += state.batch.num_samples
     record_metrics(tenant.train_metrics, state)
+    record_attached_metrics(tenant, state, True)
 
 
 def public_forward_output(state: ForwardState) -> dict[str, Any]:
-    """``{'logprobs': [per-row target log-probs], 'num_tokens': int}``."""
-    return {"logprobs": _row_logprobs(state), "num_tokens": int(state.batch.mask.sum())}
+    """``{'logprobs': [per-row target log-probs], 'num_tokens': int}``, and the rows'
+    ``embeddings`` for an embedding batch."""
+    out = {"logprobs": _row_logprobs(state), "num_tokens": int(state.batch.mask.sum())}
+    if state.embeddings is not None:
+        out["embeddings"] = list(state.embeddings.detach().float().cpu().numpy())
+    return out
 
 
 def public_output(state: ForwardState) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """The forward pass over one or many tenants' batches, stacked: one base-model call whose rows
-each go through their own tenant's adapter, then the targets' log-probabilities."""
+each go through their own tenant's adapter, then the targets' log-probabilities (and, for the
+batches that need them, pooled last hidden states or the logits of a teacher's top-k tokens)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ class ForwardState:
         batch: The batch the pass ran on.
         logprobs: ``[B, T]`` log-probabilities of the batch's targets (0 where none).
         ref_logprobs: The same without adapters, where the loss needs a reference.
+        embeddings: ``[B, H]`` pooled last hidden states of an embedding batch.
+        topk_logits: ``[B, T, K]`` logits of the teacher's top-k tokens (distillation).
         correct: Trained positions whose argmax is the target.
         loss_output: The loss's ``LossOutput`` once computed.
     """
@@ -30,6 +33,8 @@ class ForwardState:
     batch: TenantBatch
     logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
+    embeddings: torch.Tensor | None = None
+    topk_logits: torch.Tensor | None = None
     correct: int = 0
     loss_output: Any = None
 
@@ -44,6 +49,18 @@ def run_base(
     """Logits of one forward over the rows of ``batches`` stacked (right-padded to a common
     length); ``routes`` send each row range to its adapter, ``None`` runs the bare base model.
     Only the rows with images feed the vision tower (:mod:`.vision`)."""
+    return _run(base_model, router, batches, routes, device, hidden=False)[0]
+
+
+def _run(
+    base_model: torch.nn.Module,
+    router: LoraRouter,
+    batches: Sequence[TenantBatch],
+    routes: list[RowRoute] | None,
+    device: torch.device,
+    hidden: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`run_base`'s logits and, when ``hidden``, the last (normalised) hidden states."""
     seq = max(b.tensors["input_ids"].shape[1] for b in batches)
     stacked = {}
     for key, pad in PAD_VALUES.items():
@@ -53,7 +70,8 @@ def run_base(
     images, vision_routes = vision_inputs(base_model, batches, stacked, device)
     stacked.update(images)
     with router.route(routes or [], vision_routes if routes else None):
-        return base_model(**stacked, use_cache=False).logits
+        out = base_model(**stacked, use_cache=False, output_hidden_states=hidden)
+    return out.logits, (out.hidden_states[-1] if hidden else None)
 
 
 def forward_batches(
@@ -65,23 +83,79 @@ def forward_batches(
     *,
     grad: bool,
     chunk_bytes: int | None = None,
+    bare: bool = False,
 ) -> list[ForwardState]:
     """Each batch's log-probs from one fused pass and, where its loss (``losses[i]``, the loss
-    that will apply to ``batches[i]``) wants them, reference log-probs from a bare pass."""
+    that will apply to ``batches[i]``) wants them and the request did not give them, reference
+    log-probs from a bare pass. ``bare`` runs the main pass itself without adapters (its
+    log-probs are then their own reference)."""
     states = [ForwardState(batch) for batch in batches]
     routes, row = [], 0
     for batch in batches:
         routes.append(RowRoute(batch.tenant, row, row + batch.num_samples))
         row += batch.num_samples
+    hidden = any(b.task == "embedding" for b in batches)
     with torch.set_grad_enabled(grad):
-        logits = run_base(base_model, router, batches, routes, device)
+        logits, last_hidden = _run(
+            base_model, router, batches, None if bare else routes, device, hidden
+        )
         _attach_logprobs(states, logits, "logprobs", chunk_bytes)
-    needing_ref = [s for s, loss in zip(states, losses) if getattr(loss, "needs_reference", False)]
+        _attach_embeddings(states, losses, last_hidden)
+        _attach_topk_logits(states, logits)
+    needing_ref = [
+        s
+        for s, loss in zip(states, losses)
+        if getattr(loss, "needs_reference", False) and s.batch.extras.get("ref_logprobs") is None
+    ]
+    if bare:
+        for state in needing_ref:
+            state.ref_logprobs = state.logprobs.detach()
+        needing_ref = []
     if needing_ref:
         with torch.no_grad():
             logits = run_base(base_model, router, [s.batch for s in needing_ref], None, device)
             _attach_logprobs(needing_ref, logits, "ref_logprobs", chunk_bytes)
     return states
+
+
+def _attach_embeddings(
+    states: list[ForwardState], losses: Sequence[Any], hidden: torch.Tensor | None
+) -> None:
+    """One vector per row of each embedding batch: its last real token's hidden state, or the
+    mean over its real tokens (the loss's ``pooling``)."""
+    row = 0
+    for state, loss in zip(states, losses):
+        rows = state.batch.num_samples
+        if state.batch.task == "embedding":
+            width = state.batch.tensors["input_ids"].shape[1]
+            mask = state.batch.tensors.get("attention_mask")
+            if mask is None:
+                mask = torch.ones(rows, width, dtype=torch.long)
+            state.embeddings = pool(hidden[row : row + rows, :width], mask.to(hidden.device), loss)
+        row += rows
+
+
+def pool(hidden_B_T_H: torch.Tensor, mask_B_T: torch.Tensor, loss: Any) -> torch.Tensor:
+    """``[B, H]``: per row, the last real token's state (any padding side) or the real tokens'
+    mean, as ``loss.pooling`` (``'last'`` by default) says."""
+    mask = mask_B_T.to(hidden_B_T_H.dtype)
+    if getattr(loss, "pooling", "last") == "mean":
+        return (hidden_B_T_H * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp(min=1.0)
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    last_B = (positions * (mask > 0)).amax(-1)
+    return hidden_B_T_H[torch.arange(hidden_B_T_H.shape[0], device=mask.device), last_B]
+
+
+def _attach_topk_logits(states: list[ForwardState], logits: torch.Tensor) -> None:
+    """The logits of each distillation batch's teacher top-k token ids, ``[B, T, K]``."""
+    row = 0
+    for state in states:
+        rows, seq = state.batch.targets.shape
+        indices = state.batch.extras.get("teacher_topk_indices")
+        if indices is not None:
+            mine = logits[row : row + rows, :seq]
+            state.topk_logits = mine.gather(-1, indices.to(logits.device)).float()
+        row += rows
 
 
 def pad_to(tensor: torch.Tensor, seq: int, value: float | int) -> torch.Tensor:
@@ -123,4 +197,4 @@ def _attach_logprobs(
         row += rows
 
 
-__all__ = ["ForwardState", "forward_batches", "pad_to", "run_base"]
+__all__ = ["ForwardState", "forward_batches", "pad_to", "pool", "run_base"]

@@ -86,6 +86,8 @@ def can_split(batch: TenantBatch, lora_dropout: float) -> bool:
     (a second pass over the same rows must give the same function)."""
     if lora_dropout > 0 or any(k in batch.tensors for k in IMAGE_KEYS):
         return False
+    if batch.task == "embedding":  # the split backward reruns log-probs, not embeddings
+        return False
     rows = batch.num_samples
     tensors = [*batch.tensors.values(), *(v for v in batch.extras.values() if v is not None)]
     # [rows] or [rows, seq] only: a [3, rows, seq] multimodal position_ids is not cut.
@@ -104,6 +106,8 @@ def rows_of(batch: TenantBatch, start: int, stop: int) -> TenantBatch:
         num_samples=stop - start,
         loss_kwargs=batch.loss_kwargs,
         loss=batch.loss,
+        task=batch.task,
+        row_labels=None if batch.row_labels is None else batch.row_labels[start:stop],
     )
 
 

@@ -15,7 +15,7 @@ import torch
 from twinkle.data_format import IGNORE_INDEX
 from twinkle.errors import InvalidArgumentError
 
-PER_TOKEN_KEYS = ("advantages", "old_logprobs", "ref_logprobs", "weights")
+PER_TOKEN_KEYS = ("advantages", "old_logprobs", "ref_logprobs", "weights", "target_values")
 
 
 def shift_left(values: torch.Tensor, fill: float | int) -> torch.Tensor:

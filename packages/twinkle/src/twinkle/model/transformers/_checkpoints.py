@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from twinkle.errors import PathNotFoundError
 from twinkle.model import checkpoint as ckpt
 from twinkle.model.lora import adapter_module_names, adapter_state_dict, load_adapter_state_dict
 from twinkle.model.tenant import Tenant
@@ -48,13 +49,33 @@ def default_output_dir(tenant: Tenant) -> Path:
     return Path(os.environ.get("TWINKLE_OUTPUT_DIR", "output")) / tenant.name
 
 
-def checkpoint_directory(tenant: Tenant, checkpoint: str | os.PathLike) -> Path:
-    """A checkpoint directory given as a path, or as a name under the tenant's default output
-    directory (where ``save`` puts it without ``output_dir``)."""
+def checkpoint_directory(
+    tenant: Tenant, checkpoint: str | os.PathLike, save_dir: Path | None = None
+) -> Path:
+    """A checkpoint directory given as a path, or as a name under the tenant's output
+    directory (``save_dir``, else the default: where ``save`` puts it without ``output_dir``)."""
     path = Path(checkpoint)
     if path.is_dir() or len(path.parts) != 1:
         return path
-    return default_output_dir(tenant) / ckpt.validate_checkpoint_name(str(checkpoint))
+    parent = save_dir if save_dir is not None else default_output_dir(tenant)
+    return parent / ckpt.validate_checkpoint_name(str(checkpoint))
+
+
+PROGRESS_KEYS = ("cur_step", "consumed_train_samples", "micro_step", "adapter_name", "base_model")
+
+
+def stored_progress(path: str | os.PathLike) -> dict[str, Any]:
+    """The progress a checkpoint stores (``cur_step``, ``consumed_train_samples``, ...).
+
+    Raises:
+        PathNotFoundError: The checkpoint stores none.
+    """
+    directory = ckpt.require_checkpoint(path)
+    state_path = directory / ckpt.TRAINER_STATE
+    if not state_path.is_file():
+        raise PathNotFoundError(f"{directory} has no {ckpt.TRAINER_STATE}: it stores no progress")
+    progress = ckpt.read_json(state_path)
+    return {key: progress[key] for key in PROGRESS_KEYS if key in progress}
 
 
 def save(

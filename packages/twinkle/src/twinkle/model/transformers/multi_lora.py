@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
@@ -27,7 +28,7 @@ from twinkle.model.lora import (
     resolve_target_parameters,
 )
 from twinkle.model.memory import apply_process_options
-from twinkle.model.metrics import Metric
+from twinkle.model.metrics import Metric, record_attached_metrics
 from twinkle.model.optim import build_optimizer, build_scheduler, check_scheduler_name
 from twinkle.model.options import ExecutionOptions, resolve_options
 from twinkle.model.paging import AdapterPager
@@ -56,6 +57,7 @@ from twinkle.model.threads import small_on_cpu
 from twinkle.model.transformers._auto import auto_model_class
 from twinkle.model.transformers._checkpoint_methods import CheckpointMethods
 from twinkle.model.transformers.lean import make_lean
+from twinkle_client.types import ForwardOutput
 
 
 class MultiLoraTransformersModel(CheckpointMethods):
@@ -151,10 +153,13 @@ class MultiLoraTransformersModel(CheckpointMethods):
         adapter_name: str,
         config: Any = None,
         gradient_accumulation_steps: int = 1,
+        save_dir: str | os.PathLike | None = None,
         **kwargs: Any,
     ) -> None:
         """Create tenant ``adapter_name`` with its own LoRA adapter: ``config`` is a
         ``peft.LoraConfig``, a dict, or a PEFT adapter directory (its ``adapter_config.json``).
+        ``save_dir`` is where its checkpoints go when ``save()`` is given no ``output_dir``
+        (default ``$TWINKLE_OUTPUT_DIR/<adapter_name>``).
 
         Raises:
             ValueError: Duplicate name, rank <= 0, bad accumulation steps, or no matching module.
@@ -193,6 +198,7 @@ class MultiLoraTransformersModel(CheckpointMethods):
         for param in tenant.params:
             param.requires_grad_(True)
         tenant.flat = FlatAdapter.build(tenant.params)
+        self._set_save_dir(adapter_name, save_dir)
         self.set_loss("CrossEntropyLoss", adapter_name=adapter_name)
 
     def remove_adapter(self, adapter_name: str | None = None) -> None:
@@ -338,7 +344,7 @@ class MultiLoraTransformersModel(CheckpointMethods):
         """Forward with gradients kept for a later ``calculate_loss`` + ``backward``."""
         tenant = self.tenant(adapter_name)
         tenant.last_forward = self._forward(tenant, inputs, kwargs, grad=True)
-        return public_forward_output(tenant.last_forward)
+        return ForwardOutput(public_forward_output(tenant.last_forward))
 
     def calculate_loss(self, adapter_name: str | None = None, **kwargs: Any) -> float:
         """Apply the tenant's loss to the last ``forward``; returns the loss value."""
@@ -372,10 +378,15 @@ class MultiLoraTransformersModel(CheckpointMethods):
             inputs: Encoded features (``InputFeature`` / dicts with ``input_ids`` and ``labels``),
                 trajectories (encoded with the tenant's template), or collated tensors.
             adapter_name: The tenant.
-            **kwargs: Loss inputs such as ``advantages`` ([B] or per token), ``old_logprobs``.
+            **kwargs: Loss inputs such as ``advantages`` ([B] or per token), ``old_logprobs``
+                (or ``old_logps``), ``ref_outputs`` (what ``forward_only(...,
+                disable_lora=True)`` returned: the reference of a DPO-style loss), a teacher's
+                ``teacher_topk_logprobs`` / ``teacher_topk_indices``; ``task='embedding'`` for
+                an embedding batch (see ``docs/losses.md``).
 
         Returns:
-            ``{'loss': float, 'logprobs': [per-row target log-probs], 'num_tokens': int}``.
+            ``{'loss': float, 'logprobs': [per-row target log-probs], 'num_tokens': int,
+            'metrics': {...}}`` (and ``'embeddings'`` for an embedding batch).
         """
         return self.forward_backward_many(
             {self.tenant(adapter_name).name: {"inputs": inputs, **kwargs}}
@@ -406,6 +417,11 @@ class MultiLoraTransformersModel(CheckpointMethods):
             request = dict(request)
             if "inputs" not in request:
                 raise InvalidArgumentError(f"request for adapter {name!r} has no 'inputs'")
+            if request.pop("disable_lora", False):
+                raise InvalidArgumentError(
+                    "disable_lora applies to forward_only (a pass of the base model alone, e.g. "
+                    "a DPO reference); forward_backward trains the adapter"
+                )
             batches.append(self._collate(tenant, request.pop("inputs"), request))
             tenants.append(tenant)
         return fused_forward_backward(
@@ -422,15 +438,39 @@ class MultiLoraTransformersModel(CheckpointMethods):
         )
 
     def forward_only(
-        self, inputs: Any, adapter_name: str | None = None, **kwargs: Any
-    ) -> dict[str, Any]:
-        """Forward without gradients; returns loss and per-row target log-probabilities."""
+        self,
+        inputs: Any,
+        adapter_name: str | None = None,
+        disable_lora: bool = False,
+        **kwargs: Any,
+    ) -> ForwardOutput:
+        """Forward without gradients; returns loss and per-row target log-probabilities.
+
+        Args:
+            inputs: As for :meth:`forward_backward`.
+            adapter_name: The tenant.
+            disable_lora: Run the base model without the tenant's adapter: the reference pass
+                of DPO-style training. No loss is applied and no evaluation metric recorded
+                (the pass is not the tenant's model); pass the result to
+                ``forward_backward(..., ref_outputs=...)``.
+            **kwargs: Loss inputs, as for :meth:`forward_backward`.
+
+        Returns:
+            A ``ForwardOutput`` (a dict, also reachable as ``.result``): ``logprobs`` (per row,
+            at the trained positions), ``num_tokens`` and, unless ``disable_lora``, ``loss`` and
+            ``metrics``; ``embeddings`` for ``task='embedding'`` (rows without labels: the
+            embeddings alone, no loss).
+        """
         tenant = self.tenant(adapter_name)
         with torch.no_grad():
-            state = self._forward(tenant, inputs, kwargs, grad=False)
+            state = self._forward(tenant, inputs, kwargs, grad=False, bare=disable_lora)
+            unlabelled = state.batch.task == "embedding" and state.batch.row_labels is None
+            if disable_lora or unlabelled:
+                return ForwardOutput(public_forward_output(state))
             compute_loss(state, loss_of(state.batch, tenant))
         record_metrics(tenant.eval_metrics, state)
-        return public_output(state)
+        record_attached_metrics(tenant, state, False)
+        return ForwardOutput(public_output(state))
 
     def _collate(self, tenant: Tenant, inputs: Any, kwargs: dict[str, Any]) -> TenantBatch:
         """The tenant's inputs as a batch; its template and processor are only looked up (and
@@ -443,12 +483,13 @@ class MultiLoraTransformersModel(CheckpointMethods):
             template=self._template_of(tenant) if raw else None,
             processor=self._processor_of(tenant) if raw else None,
             vocab_size=self.model.get_input_embeddings().weight.shape[0],
+            tenant_loss=tenant.loss,
         )
         check_images_supported(self.model, batch)
         return batch
 
     def _forward(
-        self, tenant: Tenant, inputs: Any, kwargs: dict[str, Any], grad: bool
+        self, tenant: Tenant, inputs: Any, kwargs: dict[str, Any], grad: bool, bare: bool = False
     ) -> ForwardState:
         batch = self._collate(tenant, inputs, kwargs)
         return forward_batches(
@@ -459,6 +500,7 @@ class MultiLoraTransformersModel(CheckpointMethods):
             [loss_of(batch, tenant)],
             grad=grad,
             chunk_bytes=self.options.logprob_chunk_bytes,
+            bare=bare,
         )[0]
 
     def clip_grad_norm(self, max_grad_norm: float = 1.0, adapter_name: str | None = None) -> float:
@@ -548,11 +590,29 @@ class MultiLoraTransformersModel(CheckpointMethods):
         if tenant.optimizer is None:
             self.set_optimizer("Adam", adapter_name=tenant.name, lr=1e-4)
 
+    def add_metric(
+        self,
+        metric_cls: Any,
+        is_training: bool | None = None,
+        adapter_name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Attach a metric by name (``'DPOMetric'``, ``'EmbeddingMetric'``, ...) or class to the
+        tenant: fed after training forwards (``is_training=True``), ``forward_only``
+        (``False``) or both (``None``) and reported by ``calculate_metric``; ``kwargs``
+        configure it (``beta=0.1``).
+
+        Raises:
+            InvalidArgumentError: An unknown or client-side metric, or arguments it does not take.
+        """
+        self.tenant(adapter_name).attached_metrics.add(metric_cls, is_training, **kwargs)
+
     def calculate_metric(self, is_training: bool = True, adapter_name: str | None = None) -> Metric:
         """Averages since the last call: loss, token_acc, grad_norm, lr, step."""
         tenant = self.tenant(adapter_name)
         result = (tenant.train_metrics if is_training else tenant.eval_metrics).report()
         result.update(grad_norm=tenant.last_grad_norm, lr=tenant.lr(), step=tenant.cur_step)
+        result.update(tenant.attached_metrics.report(is_training))
         return Metric(result=result)
 
     def routes(self, routes: list[RowRoute]):
