@@ -10,6 +10,7 @@ from twinkle_client.sampler.types import (
     SampleResponse,
     SampleResult,
     SamplingParams,
+    TokenLogprob,
     training_feature,
 )
 
@@ -20,6 +21,7 @@ __all__ = [
     "SampledSequence",
     "Sampler",
     "SamplingParams",
+    "TokenLogprob",
     "TorchSampler",
     "training_feature",
     "vLLMSampler",

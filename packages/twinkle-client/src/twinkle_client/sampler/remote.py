@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from collections.abc import Mapping, Sequence
@@ -14,6 +15,8 @@ from twinkle_client.sampler.types import (
     SampleResponse,
     SampleResult,
     SamplingParams,
+    input_fields,
+    use_logprob_pairs,
 )
 
 if TYPE_CHECKING:
@@ -57,6 +60,33 @@ class Sampler:
         if adapter_name is not None:
             self._named[adapter_name] = str(adapter_uri)
 
+    def add_adapter_to_sampler(self, adapter_name: str, config: Any) -> None:
+        """Declare the LoRA adapter ``adapter_name`` (a PEFT ``LoraConfig`` or its dict) on the
+        server's sampler, for this API key, before its weights arrive.
+
+        ``sample(adapter_name=...)`` accepts the name at once. Until
+        :meth:`load_adapter_from_model` hands the model's weights over under the same name,
+        sampling with it uses the base model, which is what a freshly initialised LoRA
+        (``B = 0``) computes.
+
+        Raises:
+            ValueError: An empty name or a config without a positive rank ``r`` (checked on the
+                server too).
+            TypeError: A config that is neither a PEFT config nor a mapping.
+        """
+        if not isinstance(adapter_name, str) or not adapter_name:
+            raise ValueError(f"adapter_name must be a non-empty string, got {adapter_name!r}")
+        if hasattr(config, "to_dict"):
+            config = config.to_dict()
+        if not isinstance(config, Mapping):
+            raise TypeError(
+                f"config must be a PEFT LoraConfig or a dict, got {type(config).__name__}"
+            )
+        route = self.client.sampler_route(self.model_id)
+        body = {"adapter_name": adapter_name, "config": jsonable(dict(config))}
+        reply = self.client.call(route, "add_adapter_to_sampler", body)
+        self._named[adapter_name] = reply["adapter_uri"]
+
     def load_adapter_from_model(self, model: Any, adapter_name: str | None = None) -> str:
         """Take the current weights of ``model``'s adapter ``adapter_name``, with no checkpoint.
 
@@ -99,25 +129,32 @@ class Sampler:
         sampling_params: SamplingParams | Mapping[str, Any] | None = None,
         adapter_uri: str | Sequence[str | None] | None = None,
         adapter_name: str | None = None,
+        num_samples: int | None = None,
     ) -> SampleResponse:
         """Sample completions on the server.
 
         Args:
-            inputs: Trajectories, ``InputFeature``s / dicts with ``input_ids``, or lists of token
-                ids; one input alone is accepted too.
-            sampling_params: :class:`SamplingParams`, a dict of its fields, or ``None``.
+            inputs: Trajectories, ``InputFeature``s / dicts with ``input_ids`` (used as they
+                are, even with ``messages``), or lists of token ids; one input alone is accepted
+                too.
+            sampling_params: :class:`SamplingParams`, a dict of its fields, another object
+                with those field names, or ``None``.
             adapter_uri: A ``twinkle://`` checkpoint path for every input, a list with one
                 (or ``None`` for the base model) per input, or ``None``.
-            adapter_name: A name given to a path with :meth:`load_adapter`.
+            adapter_name: A name given with :meth:`load_adapter`, :meth:`add_adapter_to_sampler`
+                or :meth:`load_adapter_from_model`; ``''`` is no adapter.
+            num_samples: Sequences per input, instead of ``sampling_params.num_samples``.
 
         Returns:
-            One :class:`SampleResult` per input, in order.
+            One :class:`SampleResult` per input, in order; each sequence's
+            ``new_input_feature`` is the input with that completion, ready to train on.
 
         Raises:
             ValueError: Invalid parameters (checked here, before any request).
             NotFoundError: An unknown or another key's checkpoint.
         """
-        params = SamplingParams.coerce(sampling_params)
+        params = _with_num_samples(SamplingParams.coerce(sampling_params), num_samples)
+        adapter_name = adapter_name or None
         if adapter_name is not None:
             if adapter_uri is not None:
                 raise ValueError("pass adapter_uri or adapter_name, not both")
@@ -126,7 +163,8 @@ class Sampler:
                     f"unknown adapter_name {adapter_name!r}: call load_adapter(uri, adapter_name) first"
                 )
             adapter_uri = self._named[adapter_name]
-        items = _sampler_inputs(inputs)
+        originals = _input_list(inputs)
+        items = [jsonable(item) for item in originals]
         if isinstance(adapter_uri, os.PathLike):
             adapter_uri = os.fspath(adapter_uri)
         body = {
@@ -137,7 +175,11 @@ class Sampler:
             else list(adapter_uri),
         }
         reply = self.client.call(self.client.sampler_route(self.model_id), "sample", body)
-        return SampleResponse(_result(r) for r in reply["results"])
+        response = SampleResponse(
+            _result(r, input_fields(item)) for r, item in zip(reply["results"], originals)
+        )
+        use_logprob_pairs(response, params)
+        return response
 
 
 class TorchSampler(Sampler):
@@ -216,10 +258,21 @@ def _warn_server_side(**given: tuple[Any, Any]) -> None:
         )
 
 
-def _sampler_inputs(inputs: Any) -> list[Any]:
+def _with_num_samples(params: SamplingParams, num_samples: int | None) -> SamplingParams:
+    if num_samples is None or num_samples == params.num_samples:
+        return params
+    if params.num_samples != 1:
+        raise ValueError(
+            f"num_samples={num_samples} but sampling_params.num_samples={params.num_samples}; "
+            "give one of them"
+        )
+    return dataclasses.replace(params, num_samples=num_samples)
+
+
+def _input_list(inputs: Any) -> list[Any]:
     if isinstance(inputs, Mapping) or hasattr(inputs, "messages") or _is_token_list(inputs):
         inputs = [inputs]
-    items = [jsonable(item) for item in inputs]
+    items = list(inputs)
     if not items:
         raise ValueError("inputs is empty")
     return items
@@ -233,7 +286,7 @@ def _is_token_list(value: Any) -> bool:
     )
 
 
-def _result(wire: dict[str, Any]) -> SampleResult:
+def _result(wire: dict[str, Any], fields: dict[str, Any]) -> SampleResult:
     return SampleResult(
         prompt_tokens=list(wire["prompt_tokens"]),
         sequences=[
@@ -251,6 +304,7 @@ def _result(wire: dict[str, Any]) -> SampleResult:
         topk_prompt_logprobs=_pairs(wire.get("topk_prompt_logprobs")),
         target_prompt_logprobs=wire.get("target_prompt_logprobs"),
         prompt_alt_tokens=_pairs(wire.get("prompt_alt_tokens")),
+        input_fields=fields,
     )
 
 

@@ -14,6 +14,7 @@ from twinkle.sampler.types import (
     SampleResponse,
     SampleResult,
     SamplingParams,
+    TokenLogprob,
     training_feature,
 )
 from twinkle.sampler.vllm_sampler import vLLMSampler
@@ -25,6 +26,7 @@ __all__ = [
     "SampledSequence",
     "Sampler",
     "SamplingParams",
+    "TokenLogprob",
     "TorchSampler",
     "training_feature",
     "vLLMSampler",

@@ -26,7 +26,8 @@ class DecodeBatch:
         self.logprobs: list[list[float]] = [[] for _ in range(rows)]
         self.topk: list[list[list[tuple[int, float]]]] = [[] for _ in range(rows)]
         self.done = [False] * rows
-        self.stop_text: list[int | None] = [None] * rows  # where a stop string starts in the text
+        # Where the text ends: before the stop string that ended it, or after it when kept.
+        self.stop_text: list[int | None] = [None] * rows
         self.images: Any = None  # the batch's image inputs (``_images.BatchImages``), if any
 
     @classmethod
@@ -95,9 +96,11 @@ class DecodeBatch:
                 self.done[b] = True
             elif params.stop:
                 text = template.decode(self.tokens[b], skip_special_tokens=True)
-                hits = [text.find(s) for s in params.stop if s and s in text]
+                hits = [(text.find(s), len(s)) for s in params.stop if s and s in text]
                 if hits:
-                    self.done[b], self.stop_text[b] = True, min(hits)
+                    start, size = min(hits)
+                    keep = size if params.include_stop_str_in_output else 0
+                    self.done[b], self.stop_text[b] = True, start + keep
         column = picked_B.to(self.ids_B_T.device)[:, None]
         self.ids_B_T = torch.cat([self.ids_B_T, column], dim=1)
         self.mask_B_T = torch.cat([self.mask_B_T, torch.ones_like(column)], dim=1)

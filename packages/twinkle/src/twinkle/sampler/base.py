@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -12,6 +12,7 @@ import numpy as np
 from twinkle.data_format import Trajectory
 from twinkle.errors import ArgumentTypeError, InvalidArgumentError, UnknownAdapterError
 from twinkle.sampler.types import SampleResponse, SamplingParams
+from twinkle_client.sampler.types import input_fields, use_logprob_pairs
 
 LIVE_ADAPTER_SCHEME = "inflight://"
 _TOKEN_KEYS = ("input_ids", "labels", "length", "attention_mask", "position_ids")
@@ -48,9 +49,9 @@ class Sampler(ABC):
         model_id: The base model (``tiny://qwen3.5``, ``ms://org/name``, a directory, ...).
 
     Attributes:
-        supports_extra_logprobs: Whether the backend serves ``topk_logprobs``,
-            ``topk_prompt_logprobs``, ``prompt_logprobs_last_n``, ``prompt_alt_tokens_k`` and
-            ``target_prompt_token_ids``; others refuse them instead of ignoring them.
+        supports_extra_logprobs: Whether the backend serves ``topk_prompt_logprobs``,
+            ``prompt_logprobs_last_n``, ``prompt_alt_tokens_k`` and ``target_prompt_token_ids``;
+            others refuse them instead of ignoring them. Every backend serves ``topk_logprobs``.
     """
 
     supports_extra_logprobs: bool = False
@@ -59,6 +60,7 @@ class Sampler(ABC):
         self.model_id = model_id
         self.template = None
         self._named: dict[str, str] = {}
+        self._declared: dict[str, dict[str, Any]] = {}
 
     def set_template(self, template: Any, model_id: str | None = None, **kwargs: Any) -> None:
         """Use ``template`` (a name such as ``'Qwen3_5Template'``, a class or an instance) to
@@ -108,6 +110,21 @@ class Sampler(ABC):
         self._named[name] = uri
         return uri
 
+    def add_adapter_to_sampler(self, adapter_name: str, config: Any) -> None:
+        """Declare the LoRA adapter ``adapter_name`` (a PEFT ``LoraConfig`` or its dict) before
+        its weights arrive.
+
+        ``sample(adapter_name=...)`` accepts the name at once. Until weights are loaded under it
+        (:meth:`load_adapter_from_model` with the same name, or ``load_adapter(uri,
+        adapter_name=...)``), sampling with it uses the base model, which is what a freshly
+        initialised LoRA (``B = 0``) computes.
+
+        Raises:
+            InvalidArgumentError: An empty name or a config without a positive rank ``r``.
+            ArgumentTypeError: A config that is neither a PEFT config nor a mapping.
+        """
+        self._declared[_adapter_name(adapter_name)] = lora_config_dict(config)
+
     def _put_live_adapter(self, uri: str, model: Any, adapter_name: str | None) -> None:
         """Hold a copy of ``model``'s adapter under ``uri``; backends that keep their adapters
         in this process override it."""
@@ -132,20 +149,25 @@ class Sampler(ABC):
         sampling_params: SamplingParams | Mapping[str, Any] | None = None,
         adapter_uri: str | Sequence[str | None] | None = None,
         adapter_name: str | None = None,
+        num_samples: int | None = None,
     ) -> SampleResponse:
         """Sample completions.
 
         Args:
             inputs: Trajectories (rendered with the template and its generation prompt),
-                ``InputFeature``s / dicts with ``input_ids``, or lists of token ids; one input
-                alone is accepted too.
-            sampling_params: :class:`SamplingParams`, a dict of its fields, or ``None``.
+                ``InputFeature``s / dicts with ``input_ids`` (used as they are, even with
+                ``messages``), or lists of token ids; one input alone is accepted too.
+            sampling_params: :class:`SamplingParams`, a dict of its fields, another object
+                with those field names, or ``None``.
             adapter_uri: A PEFT adapter directory (``model.save(...)``) for every input, a list
                 with one uri (or ``None`` for the base model) per input, or ``None``.
-            adapter_name: An adapter the sampler already holds under this name, instead of a uri.
+            adapter_name: An adapter the sampler already holds under this name, instead of a
+                uri; ``''`` is no adapter.
+            num_samples: Sequences per input, instead of ``sampling_params.num_samples``.
 
         Returns:
-            One :class:`SampleResult` per input, in order.
+            One :class:`SampleResult` per input, in order; each sequence's
+            ``new_input_feature`` is the input with that completion, ready to train on.
 
         Raises:
             ValueError: Invalid parameters, inputs, or an adapter that does not fit the model.
@@ -154,23 +176,29 @@ class Sampler(ABC):
         """
         # twinkle_client (numpy only) validates the parameters but cannot raise twinkle.errors.
         try:
-            params = SamplingParams.coerce(sampling_params)
+            params = with_num_samples(SamplingParams.coerce(sampling_params), num_samples)
         except (TypeError, ValueError) as exc:
             raise (ArgumentTypeError if isinstance(exc, TypeError) else InvalidArgumentError)(
                 str(exc)
             ) from exc
         self._check_extra_logprobs(params)
-        prompts = self.prepare_prompts(inputs)
+        items = _input_items(inputs)
+        prompts = self.prepare_prompts(items)
         uris = self._per_input_uris(adapter_uri, len(prompts))
+        adapter_name = adapter_name or None
         if adapter_name is not None and adapter_uri is not None:
             raise InvalidArgumentError("pass adapter_uri or adapter_name, not both")
-        return self._generate(prompts, params, uris, adapter_name)
+        response = self._generate(prompts, params, uris, adapter_name)
+        use_logprob_pairs(response, params)
+        return SampleResponse(
+            replace(result, input_fields=_prompt_fields(item, prompt))
+            for result, item, prompt in zip(response, items, prompts)
+        )
 
     def _check_extra_logprobs(self, params: SamplingParams) -> None:
         asked = [
             name
             for name in (
-                "topk_logprobs",
                 "topk_prompt_logprobs",
                 "prompt_logprobs_last_n",
                 "prompt_alt_tokens_k",
@@ -186,13 +214,16 @@ class Sampler(ABC):
     def _named_adapter_uris(
         self, adapter_name: str | None, adapter_uris: list[str | None]
     ) -> list[str | None]:
-        """``adapter_uris``, or the adapter loaded as ``adapter_name`` for every prompt.
+        """``adapter_uris``, or the adapter loaded as ``adapter_name`` for every prompt (the
+        base model for a name declared with :meth:`add_adapter_to_sampler` but not loaded yet).
 
         Raises:
-            ValueError: If no adapter was loaded under ``adapter_name``.
+            ValueError: If no adapter was loaded or declared under ``adapter_name``.
         """
         if adapter_name is None:
             return adapter_uris
+        if adapter_name not in self._named and adapter_name in self._declared:
+            return [None] * len(adapter_uris)
         if adapter_name not in self._named:
             raise UnknownAdapterError(
                 f"unknown adapter_name {adapter_name!r}; load it with load_adapter(uri, adapter_name=...)"
@@ -216,9 +247,7 @@ class Sampler(ABC):
         Raises:
             ValueError: On empty inputs or an empty prompt.
         """
-        items = [inputs] if _is_single(inputs) else list(inputs)
-        if not items:
-            raise InvalidArgumentError("inputs is empty")
+        items = _input_items(inputs)
         prompts = [self._prompt(item) for item in items]
         for i, prompt in enumerate(prompts):
             if not prompt.tokens:
@@ -226,7 +255,9 @@ class Sampler(ABC):
         return prompts
 
     def _prompt(self, item: Any) -> Prompt:
-        if isinstance(item, Trajectory) or (isinstance(item, Mapping) and "messages" in item):
+        if isinstance(item, Trajectory) or (
+            isinstance(item, Mapping) and "messages" in item and "input_ids" not in item
+        ):
             trajectory = Trajectory.coerce(dict(item) if not isinstance(item, Trajectory) else item)
             feature = self._template().encode(trajectory, add_generation_prompt=True)
             return Prompt(
@@ -257,6 +288,59 @@ class Sampler(ABC):
         if len(uris) != count:
             raise InvalidArgumentError(f"adapter_uri has {len(uris)} entries for {count} inputs")
         return uris
+
+
+def with_num_samples(params: SamplingParams, num_samples: int | None) -> SamplingParams:
+    """``params`` with ``num_samples`` (``sample(num_samples=...)``) when given.
+
+    Raises:
+        ValueError: ``params`` already asks for another number of samples.
+    """
+    if num_samples is None or num_samples == params.num_samples:
+        return params
+    if params.num_samples != 1:
+        raise ValueError(
+            f"num_samples={num_samples} but sampling_params.num_samples={params.num_samples}; "
+            "give one of them"
+        )
+    return replace(params, num_samples=num_samples)
+
+
+def lora_config_dict(config: Any) -> dict[str, Any]:
+    """A PEFT ``LoraConfig`` (or its dict) as a dict, checked for a positive rank ``r``."""
+    if hasattr(config, "to_dict"):
+        config = config.to_dict()
+    if not isinstance(config, Mapping):
+        raise ArgumentTypeError(
+            f"config must be a PEFT LoraConfig or a dict, got {type(config).__name__}"
+        )
+    rank = config.get("r", 8)
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise InvalidArgumentError(f"config.r must be an integer >= 1, got {rank!r}")
+    return dict(config)
+
+
+def _adapter_name(name: Any) -> str:
+    if not isinstance(name, str) or not name:
+        raise InvalidArgumentError(f"adapter_name must be a non-empty string, got {name!r}")
+    return name
+
+
+def _input_items(inputs: Any) -> list[Any]:
+    items = [inputs] if _is_single(inputs) else list(inputs)
+    if not items:
+        raise InvalidArgumentError("inputs is empty")
+    return items
+
+
+def _prompt_fields(item: Any, prompt: Prompt) -> dict[str, Any]:
+    """What each sequence's ``new_input_feature`` keeps of its input: its fields, and for a
+    trajectory with images the encoded images its prompt tokens stand for."""
+    fields_ = input_fields(item)
+    if prompt.has_images and "pixel_values" not in fields_:
+        fields_["pixel_values"] = prompt.pixel_values
+        fields_["image_grid_thw"] = prompt.image_grid_thw
+    return fields_
 
 
 def _images(item: Mapping) -> tuple[Any, Any]:

@@ -125,7 +125,7 @@ class MockSampler(Sampler):
     ) -> SampledSequence:
         seed = None if params.seed is None else [int(params.seed), i, k]
         rng = np.random.default_rng(seed)
-        out, lps, current = [], [], tokens[-1]
+        out, lps, topk, current = [], [], [], tokens[-1]
         stop_reason = "length"
         for _ in range(params.max_tokens):
             logprobs = self._logprobs(current, adapter)
@@ -137,6 +137,9 @@ class MockSampler(Sampler):
                 token = int(rng.choice(self.vocab_size, p=probs / probs.sum()))
             out.append(token)
             lps.append(float(logprobs[token]))
+            if params.topk_logprobs:
+                best = np.argsort(-logprobs, kind="stable")[: params.topk_logprobs]
+                topk.append([(int(t), float(logprobs[t])) for t in best])
             current = token
             if token in stops:
                 stop_reason = "stop"
@@ -147,17 +150,19 @@ class MockSampler(Sampler):
             else self._template().decode([t for t in out if t not in stops])
         )
         return SampledSequence(
-            tokens=out, logprobs=lps if params.logprobs else [], stop_reason=stop_reason, text=text
+            tokens=out,
+            logprobs=lps if params.logprobs else [],
+            stop_reason=stop_reason,
+            text=text,
+            topk_logprobs=topk if params.topk_logprobs else None,
         )
 
 
 def _vocab_size(model_id: str) -> int:
-    """The tokenizer's vocabulary when ``model_id`` resolves (tiny models always do), else 256."""
-    if model_id == "mock":
-        return 256
-    from twinkle.hub import load_config
+    """The vocabulary of ``model_id`` (an image-text model's text vocabulary), else 256."""
+    from twinkle.model.mock._model import model_vocab_size
 
-    return int(load_config(model_id).vocab_size)
+    return model_vocab_size(model_id)
 
 
 __all__ = ["MockSampler"]

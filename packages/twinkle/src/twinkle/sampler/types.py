@@ -11,6 +11,7 @@ from twinkle_client.sampler.types import (
     SampleResult,
     SamplingParams,
     StopReason,
+    TokenLogprob,
     training_feature,
 )
 
@@ -21,5 +22,6 @@ __all__ = [
     "SampledSequence",
     "SamplingParams",
     "StopReason",
+    "TokenLogprob",
     "training_feature",
 ]

@@ -116,9 +116,10 @@ class vLLMSampler(Sampler):
             stop=list(params.stop) or None,
             stop_token_ids=sorted(self.stop_token_ids | set(params.stop_token_ids)),
             repetition_penalty=params.repetition_penalty,
-            logprobs=0 if params.logprobs else None,
+            logprobs=params.topk_logprobs if params.logprobs or params.topk_logprobs else None,
             prompt_logprobs=0 if want_prompt else None,
             skip_special_tokens=True,
+            include_stop_str_in_output=params.include_stop_str_in_output,
         )
         outputs = self.llm.generate(
             [{"prompt_token_ids": p.tokens} for p in prompts],
@@ -145,14 +146,24 @@ class vLLMSampler(Sampler):
 
 def _sequence(completion: Any, params: SamplingParams) -> SampledSequence:
     tokens = list(completion.token_ids)
-    logprobs = []
-    if params.logprobs and completion.logprobs is not None:
-        logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs, tokens)]
+    logprobs, topk = [], None
+    steps = completion.logprobs
+    if params.logprobs and steps is not None:
+        logprobs = [float(step[token].logprob) for step, token in zip(steps, tokens)]
+    if params.topk_logprobs and steps is not None:
+        # vLLM adds the sampled token to the top k when it is not among them.
+        topk = [
+            sorted(((int(t), float(lp.logprob)) for t, lp in step.items()), key=lambda p: -p[1])[
+                : params.topk_logprobs
+            ]
+            for step in steps
+        ]
     return SampledSequence(
         tokens=tokens,
         logprobs=logprobs,
         stop_reason="length" if completion.finish_reason == "length" else "stop",
         text=completion.text,
+        topk_logprobs=topk,
     )
 
 

@@ -88,7 +88,8 @@ def create_sampler_app(
     authenticate: Authenticator,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> FastAPI:
-    """``POST /sample`` and ``POST /set_template`` with JSON bodies; ``GET /healthz``."""
+    """``POST /sample``, ``/set_template``, ``/publish_adapter`` and ``/add_adapter_to_sampler``
+    with JSON bodies; ``GET /healthz``."""
     app = FastAPI(title=f"Twinkle sampler {service.base_model}")
     install_error_handlers(app)
     document_bodies(app, sampler_bodies, expand="/{op}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from twinkle.server.encoding import jsonable
@@ -16,6 +16,9 @@ from twinkle_client.sampler.types import SamplingParams
 
 MAX_LIVE_ADAPTERS_PER_KEY = 8
 """Live adapters one key holds on a sampler; publishing a ninth name drops its oldest."""
+
+MAX_DECLARED_ADAPTERS_PER_KEY = 64
+"""Names one key may declare with ``add_adapter_to_sampler``; a 65th drops its oldest."""
 
 
 @dataclass(frozen=True)
@@ -31,10 +34,22 @@ class SampleLimits:
         return cls(args.max_num_samples, args.max_sample_tokens)
 
 
+def sequence_to_wire(seq: Any) -> dict[str, Any]:
+    """One sequence as JSON; ``new_input_feature`` stays behind (the client rebuilds it from its
+    own input and these fields)."""
+    return {
+        "tokens": list(seq.tokens),
+        "logprobs": [float(lp) for lp in seq.logprobs],
+        "stop_reason": seq.stop_reason,
+        "text": seq.text,
+        "topk_logprobs": seq.topk_logprobs,
+    }
+
+
 def result_to_wire(result: Any) -> dict[str, Any]:
     return {
         "prompt_tokens": list(result.prompt_tokens),
-        "sequences": [asdict(seq) for seq in result.sequences],
+        "sequences": [sequence_to_wire(seq) for seq in result.sequences],
         "prompt_logprobs": result.prompt_logprobs,
         "extra": jsonable(result.extra),
         "topk_prompt_logprobs": result.topk_prompt_logprobs,
@@ -62,7 +77,7 @@ def tensor_state(payload: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
 
 
 def _render(template: Any, item: Any) -> Any:
-    if isinstance(item, dict) and "messages" in item:
+    if isinstance(item, dict) and "messages" in item and "input_ids" not in item:
         feature = template.encode(item, add_generation_prompt=True)
         ids = feature["input_ids"].tolist()
         if feature.get("image_grid_thw") is None:
@@ -111,6 +126,9 @@ class SamplerService:
         # Each key's live (inflight) adapters, least recently published first: at most
         # MAX_LIVE_ADAPTERS_PER_KEY each, so publishing new names cannot grow memory unbounded.
         self._live: dict[str, OrderedDict[str, None]] = {}
+        # Each key's names declared by add_adapter_to_sampler (name -> LoRA config): they
+        # sample the base model until weights are published under them.
+        self._declared: dict[str, OrderedDict[str, dict[str, Any]]] = {}
 
     async def call(self, owner: str, op: str, payload: dict[str, Any] | None = None) -> Any:
         payload = dict(payload or {})
@@ -118,9 +136,12 @@ class SamplerService:
             return self._set_template(owner, payload)
         if op == "publish_adapter":
             return await self._publish_adapter(owner, payload)
+        if op == "add_adapter_to_sampler":
+            return self._declare_adapter(owner, payload)
         if op != "sample":
             raise NotFound(
-                f"unknown sampler operation {op!r}; known: sample, set_template, publish_adapter"
+                f"unknown sampler operation {op!r}; known: sample, set_template, "
+                "publish_adapter, add_adapter_to_sampler"
             )
         inputs = payload.get("inputs")
         if not isinstance(inputs, list) or not inputs:
@@ -173,6 +194,32 @@ class SamplerService:
             raise BadRequest(str(exc)) from exc
         return {"ok": True}
 
+    def _declare_adapter(self, owner: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """``add_adapter_to_sampler``: name an adapter of ``owner`` before its weights arrive;
+        answers the ``inflight://`` uri that samples with it."""
+        from twinkle.server.tinker.inflight import INFLIGHT_SCHEME
+
+        name, config = payload.get("adapter_name"), payload.get("config")
+        if not isinstance(name, str) or not name or "/" in name:
+            raise BadRequest(
+                f"add_adapter_to_sampler: adapter_name must be a non-empty name without '/', "
+                f"got {name!r}"
+            )
+        if not isinstance(config, dict):
+            raise BadRequest("add_adapter_to_sampler: config must be an object (a LoRA config)")
+        rank = config.get("r", 8)
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+            raise BadRequest(
+                f"add_adapter_to_sampler: config.r must be an integer >= 1, got {rank!r}"
+            )
+        uri = f"{INFLIGHT_SCHEME}{name}"
+        declared = self._declared.setdefault(owner, OrderedDict())
+        declared[uri] = dict(config)
+        declared.move_to_end(uri)
+        while len(declared) > MAX_DECLARED_ADAPTERS_PER_KEY:
+            declared.popitem(last=False)
+        return {"adapter_name": name, "adapter_uri": uri}
+
     async def _publish_adapter(self, owner: str, payload: dict[str, Any]) -> dict[str, Any]:
         """An ``inflight://<model_id>`` adapter of ``owner`` from memory (see
         :mod:`twinkle.server.tinker.inflight`); replaces what that key held."""
@@ -220,20 +267,24 @@ class SamplerService:
             for uri in uris
         ]
 
-    def _live_key(self, owner: str, uri: str) -> str:
-        """The pool key of ``owner``'s live adapter ``uri``; 404 when this key published none
-        under that name (another tenant's name is simply not there)."""
+    def _live_key(self, owner: str, uri: str) -> str | None:
+        """The pool key of ``owner``'s live adapter ``uri``; ``None`` (the base model) for a
+        name declared with ``add_adapter_to_sampler`` and not published yet; 404 when this key
+        has neither under that name (another tenant's name is simply not there)."""
         from twinkle.server.tinker.inflight import sampler_key
 
         key = sampler_key(owner, uri)
         pool = getattr(self.sampler, "adapters", None)
-        if pool is not None and hasattr(pool, "has_state") and not pool.has_state(key):
-            raise NotFound(
-                f"adapter_uri {uri!r}: no live adapter of this key under that name on this "
-                "sampler; publish it first (sampler.load_adapter_from_model, or a Tinker "
-                "inflight save)"
-            )
-        return key
+        published = pool is not None and hasattr(pool, "has_state") and pool.has_state(key)
+        if published:
+            return key
+        if uri in self._declared.get(owner, {}):
+            return None
+        raise NotFound(
+            f"adapter_uri {uri!r}: no live adapter of this key under that name on this "
+            "sampler; publish it first (sampler.load_adapter_from_model, or a Tinker "
+            "inflight save)"
+        )
 
     def _sample(
         self, owner: str, inputs: list, sampling_params: Any, uris: list[str | None] | None
