@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Run the Tinker SDK suite against older official SDKs (issue 27: 0.27.0, 0.33.0 and 0.38.0 pass
-# the same suite). Each version gets its own venv .venv-tinker-<V> (built once, then reused) with
+# the same suite; issue 44: 0.16.1, which ModelScope Twinkle pins, speaks JSON where later SDKs
+# speak protobuf). Each version gets its own venv .venv-tinker-<V> (built once, then reused) with
 # --system-site-packages, so torch, transformers and the editable twinkle packages come from the dev
 # environment and only `tinker` differs. Tests that need a newer SDK skip with the version in the
 # reason (tests/tinker/sdk_version.py: requires_sdk). The server keeps the SDK it pins (0.38.0):
 # for another version it runs in a subprocess with $PYTHON. Usage, from anywhere:
-#   tools/run_tinker_sdk_versions.sh                  # 0.27.0 0.33.0 0.38.0
+#   tools/run_tinker_sdk_versions.sh                  # 0.16.1 0.27.0 0.33.0 0.38.0
 #   tools/run_tinker_sdk_versions.sh 0.27.0 -- -k sample   # versions, then pytest args after --
 # The slow tier runs it for the old versions (tests/tinker/test_tinker_sdk_versions.py).
 set -euo pipefail
@@ -21,12 +22,13 @@ SUITE=(
   tests/tinker/test_tinker_weights_external.py
   tests/tinker/test_tinker_custom_loss.py
   tests/tinker/test_tinker_jwt_auth.py
+  tests/tinker/test_tinker_extensions.py
 )
 
 VERSIONS=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do VERSIONS+=("$1"); shift; done
 [ "${1:-}" = "--" ] && shift
-[ ${#VERSIONS[@]} -eq 0 ] && VERSIONS=(0.27.0 0.33.0 0.38.0)
+[ ${#VERSIONS[@]} -eq 0 ] && VERSIONS=(0.16.1 0.27.0 0.33.0 0.38.0)
 
 venv_for() {  # venv_for V -> prints the venv's python, building the venv if needed
   local venv="$PWD/.venv-tinker-$1" py

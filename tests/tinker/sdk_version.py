@@ -70,7 +70,7 @@ def in_process() -> bool:
 
 
 @contextlib.contextmanager
-def serve_in_subprocess(storage: Path, timeout_s: float = 120.0):
+def serve_in_subprocess(storage: Path, timeout_s: float = 300.0):
     """The tests' server config served by ``$TWINKLE_TINKER_SERVER_PYTHON``; yields the base URL."""
     import httpx
     from live import free_port

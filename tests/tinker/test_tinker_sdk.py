@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tinker
 from inprocess import KEYS
-from sdk_version import needs_in_process_server
+from sdk_version import needs_in_process_server, sdk_version
 from tinker import types
 
 pytestmark = pytest.mark.integration
@@ -117,7 +117,8 @@ def test_sampling_from_saved_weights_with_logprobs(service, alice):
     assert len(result.sequences) == 2
     for seq in result.sequences:
         assert 1 <= len(seq.tokens) <= 4 and len(seq.logprobs) == len(seq.tokens)
-        assert all(lp <= 0 for lp in seq.logprobs) and seq.sequence_id
+        assert all(lp <= 0 for lp in seq.logprobs)
+        assert sdk_version() < (0, 27) or seq.sequence_id  # older SDKs have no sequence ids
     assert result.prompt_logprobs[0] is None and len(result.prompt_logprobs) == 6
     # The sampler's prompt logprobs are the trained model's target logprobs.
     train_lp = alice.forward([sft_datum(SEQ[:6], 1)], "cross_entropy").result(timeout=60)
@@ -256,10 +257,12 @@ def test_resubmission_is_idempotent(live_server):
     assert model.model.tenants[model._internal(owner, model_id)].cur_step == 1
 
 
-def _wait(http: httpx.Client, request_id: str) -> dict:
+def _wait(http: httpx.Client, request_id: str, accept: str = "application/x-protobuf") -> dict:
     deadline = time.monotonic() + 30
     while True:
-        reply = http.post("/api/v1/retrieve_future", json={"request_id": request_id})
+        reply = http.post(
+            "/api/v1/retrieve_future", json={"request_id": request_id}, headers={"Accept": accept}
+        )
         if reply.headers.get("content-type", "").startswith("application/x-protobuf"):
             return {"protobuf": reply.content}
         data = reply.json()
@@ -279,6 +282,9 @@ def test_futures_are_private_to_their_tenant(live_server):
         submitted = http.post("/api/v1/asample", json=body).json()
         assert len(submitted["sample_sequence_ids"]) == 1
         assert "protobuf" in _wait(http, submitted["request_id"])
+        # An SDK that does not ask for protobuf (before 0.27) reads the same result as JSON.
+        as_json = _wait(http, submitted["request_id"], accept="application/json")
+        assert as_json["type"] == "sample" and len(as_json["sequences"][0]["tokens"]) == 2
         foreign = http.post(
             "/api/v1/retrieve_future",
             json={"request_id": submitted["request_id"]},

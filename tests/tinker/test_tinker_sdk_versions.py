@@ -1,4 +1,5 @@
-"""Older official SDKs pass the same SDK suite (issue 27): 0.27.0 and 0.33.0, each in its own venv.
+"""Older official SDKs pass the same SDK suite (issue 27: 0.27.0 and 0.33.0; issue 44: 0.16.1, the
+version ModelScope Twinkle pins), each in its own venv.
 
 0.38.0, the SDK the server pins, is the default run. This slow-tier test runs
 tools/run_tinker_sdk_versions.sh for the older versions; it builds .venv-tinker-<V> the first time
@@ -18,7 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("version", ["0.27.0", "0.33.0"])
+@pytest.mark.parametrize("version", ["0.16.1", "0.27.0", "0.33.0"])
 def test_the_sdk_suite_passes_under_an_older_sdk(version):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     run = subprocess.run(

@@ -98,8 +98,17 @@ def _patch_service_client() -> None:
 
 
 def _patch_auth() -> None:
-    """Prefix bare keys, and give every request its own ``X-Ray-Serve-Request-Id``."""
-    from tinker.lib import _auth_token_provider as auth
+    """Prefix bare keys, and give every request its own ``X-Ray-Serve-Request-Id``.
+
+    SDKs from 0.27 authenticate through ``tinker.lib._auth_token_provider``; older ones (0.16.1,
+    which ModelScope Twinkle pins) send the key as built by the patched ``ServiceClient``, so only
+    the request id is added, where those SDKs build each request's headers.
+    """
+    try:
+        from tinker.lib import _auth_token_provider as auth
+    except ImportError:
+        _patch_request_ids()
+        return
 
     original_init = auth.ApiKeyAuthProvider.__init__
 
@@ -124,6 +133,21 @@ def _patch_auth() -> None:
 
     # Patching the SDK's method in place; mypy forbids assigning to a method.
     auth.AuthTokenProvider.async_auth_flow = async_auth_flow  # type: ignore[method-assign]
+
+
+def _patch_request_ids() -> None:
+    from tinker._base_client import BaseClient
+
+    original = BaseClient._build_headers
+
+    @functools.wraps(original)
+    def _build_headers(self, *args: Any, **kwargs: Any):
+        headers = original(self, *args, **kwargs)
+        headers.setdefault("X-Ray-Serve-Request-Id", uuid.uuid4().hex)
+        return headers
+
+    # Patching the SDK's method in place; mypy forbids assigning to a method.
+    BaseClient._build_headers = _build_headers  # type: ignore[method-assign]
 
 
 def _patch_paths() -> None:

@@ -133,7 +133,7 @@ def _launch(config, args) -> int:
 
         serve_local(config)
         return EXIT_OK
-    namespace = args.namespace or os.environ.get(NAMESPACE_ENV) or None
+    namespace = args.namespace or os.environ.get(NAMESPACE_ENV) or config.ray_namespace or None
     try:
         launch(config, namespace=namespace, blocking=True)
     except LaunchError as error:

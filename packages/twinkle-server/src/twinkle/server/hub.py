@@ -11,6 +11,10 @@ The token rule (``hub.caller_key`` in the server config):
   ``hub.token_env`` names); only a server without one offers the caller's API key.
 - ``never``: the server's token only.
 
+A hub that cannot be reached, or that fails a call, ends the publish at once with a 400 naming the
+hub's address (:meth:`HubPublisher.token_for` checks the connection first, within
+``REACH_DEADLINE_S``): a retry by the client would meet the same hub, so none is invited.
+
 "The caller's API key" is the key of the request itself (``X-API-Key`` or ``Authorization:
 Bearer``, without the ``tml-`` prefix the Tinker SDK adds). It is offered to the hub only by
 asking who owns it (``whoami``); it is used for that caller's own publish only, passed to
@@ -19,8 +23,11 @@ asking who owns it (``whoami``); it is used for that caller's own publish only, 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +38,9 @@ logger = logging.getLogger("twinkle.server.hub")
 
 TINKER_KEY_PREFIX = "tml-"
 NAMESPACE_ENV = "TWINKLE_HUB_NAMESPACE"
+#: Seconds a publish waits to learn whether the hub accepts connections at all (name lookup
+#: included, which the socket's own timeout does not bound).
+REACH_DEADLINE_S = 8.0
 
 
 @dataclass(frozen=True)
@@ -75,14 +85,18 @@ class HubPublisher:
         """The token a caller presenting ``presented_key`` publishes with.
 
         Raises:
-            BadRequest: No token can be used (the message says what to configure).
+            BadRequest: No token can be used (the message says what to configure), or the hub
+                cannot be reached or failed.
         """
         server = (os.environ.get(self.token_env) or "").strip()
         caller = _hub_key(presented_key) if self.caller_key != "never" else None
+        if caller or server:
+            self.check_reachable()
         if caller and (self.caller_key == "first" or not server):
             from twinkle.hub.upload import hub_username
 
-            username = hub_username(caller, self.endpoint)
+            with self.hub_errors():
+                username = hub_username(caller, self.endpoint)
             if username:
                 return HubToken(caller, "caller", username)
         if server:
@@ -103,7 +117,8 @@ class HubPublisher:
         if not namespace:
             from twinkle.hub.upload import hub_username
 
-            namespace = hub_username(token.token, self.endpoint)
+            with self.hub_errors():
+                namespace = hub_username(token.token, self.endpoint)
         if not namespace:
             raise BadRequest(
                 f"cannot tell the hub namespace to publish to: set hub.namespace or ${NAMESPACE_ENV}"
@@ -140,13 +155,81 @@ class HubPublisher:
             future = upload_to_hub(directory, hub_model_id, async_upload=True, **kwargs)
             future.add_done_callback(lambda f: _log_outcome(hub_model_id, f))
             return {**reply, "status": "started"}
-        result = upload_to_hub(directory, hub_model_id, **kwargs)
+        with self.hub_errors():
+            result = upload_to_hub(directory, hub_model_id, **kwargs)
         return {**reply, "status": "uploaded", "files": list(result.files), "url": result.url}
+
+    def address(self) -> str | None:
+        """The hub's address as modelscope reaches it (``None`` without modelscope)."""
+        try:
+            from modelscope.hub.api import HubApi
+        except ImportError:
+            return None
+        return HubApi(endpoint=self.endpoint or os.environ.get("MODELSCOPE_ENDPOINT")).endpoint
+
+    def check_reachable(self, deadline_s: float | None = None) -> None:
+        """Return once the hub accepts a connection; else a 400 within ``deadline_s`` seconds
+        (default ``REACH_DEADLINE_S``).
+
+        Raises:
+            BadRequest: The hub cannot be reached (the message names its address).
+        """
+        deadline_s = REACH_DEADLINE_S if deadline_s is None else deadline_s
+        address = self.address()
+        if address is None:  # the upload itself says that modelscope is missing
+            return
+        from twinkle.hub.upload import check_reachable
+
+        outcome: list[BaseException | None] = []
+
+        def attempt() -> None:
+            try:
+                check_reachable(address, timeout=deadline_s)
+                outcome.append(None)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller below
+                outcome.append(exc)
+
+        # A daemon thread: a name lookup that hangs past the deadline is left behind, not joined.
+        thread = threading.Thread(target=attempt, name="twinkle-hub-reach", daemon=True)
+        thread.start()
+        thread.join(deadline_s)
+        if not outcome:
+            raise BadRequest(
+                f"cannot reach the ModelScope hub at {address} (no answer within "
+                f"{deadline_s:g} s); check the network or the hub address ($MODELSCOPE_ENDPOINT, "
+                "the server config's hub.endpoint)"
+            )
+        if outcome[0] is not None:
+            raise BadRequest(str(outcome[0])) from None
+
+    @contextlib.contextmanager
+    def hub_errors(self) -> Iterator[None]:
+        """Any failure of the hub itself as a 400 naming the hub (a retry meets the same hub)."""
+        from twinkle.errors import TwinkleError
+
+        try:
+            yield
+        except TwinkleError:
+            raise  # ours: already a clear 4xx (twinkle.server.errors)
+        except Exception as exc:  # noqa: BLE001 - modelscope's and requests' errors alike
+            if not _from_hub(exc):
+                raise
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise BadRequest(
+                f"the ModelScope hub at {self.address()} failed the publish "
+                f"({type(exc).__name__}: {reason})"
+            ) from None
 
 
 def _hub_key(presented_key: str | None) -> str | None:
     key = (presented_key or "").strip()
     return key[len(TINKER_KEY_PREFIX) :] if key.startswith(TINKER_KEY_PREFIX) else key or None
+
+
+def _from_hub(exc: BaseException) -> bool:
+    """An error raised by modelscope's client or by ``requests`` under it."""
+    module = type(exc).__module__ or ""
+    return module.startswith(("modelscope", "requests", "urllib3"))
 
 
 def _log_outcome(hub_model_id: str, future: Any) -> None:

@@ -119,7 +119,8 @@ def _sampler_problems(app: ApplicationConfig) -> list[str]:
     problems = []
     if args.sampler_type == "vllm" and not _installed("vllm"):
         problems.append(
-            "sampler_type: 'vllm' but vllm is not installed on this machine (pip install vllm); "
+            "sampler_type: 'vllm' but vllm is not installed on this machine (pip install vllm; "
+            "the vLLM sampler needs GPUs); "
             "or use sampler_type: torch, e.g. twinkle-server launch -c <file> "
             f"--set applications.{app.name}.args.sampler_type=torch"
         )

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from twinkle.server.config import _upstream
 from twinkle.server.config._base import StrictModel, fail, raise_if
 from twinkle.server.config.devices import DeviceGroup, DeviceMesh, placement_problems
 from twinkle_client.client import served_model_name
@@ -87,6 +88,11 @@ class QueueConfig(StrictModel):
         description="longest a fusable group waits for tenants about to send a call (0: never)",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _migrate(cls, data: Any) -> Any:
+        return _upstream.migrate_queue(data)
+
 
 class AdapterConfig(StrictModel):
     """Lifecycle of the LoRA adapters a model holds."""
@@ -117,6 +123,15 @@ class ServerArgs(StrictModel):
     future_ttl_s: float = Field(default=3600, gt=0)
     checkpoint_ttl_s: float | None = Field(default=None, gt=0)
     keep_last_checkpoints: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _migrate(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        _upstream.migrate_server_args(data)
+        return data
 
 
 class _PlacedArgs(StrictModel):
@@ -166,6 +181,7 @@ class ModelArgs(_PlacedArgs):
         _migrate_use_megatron(data)
         _lift_max_loras(data)
         _migrate_cpu_threads("ModelArgs", data)
+        _upstream.migrate_gpus_per_worker("ModelArgs", data)
         return data
 
     @model_validator(mode="after")
@@ -249,6 +265,7 @@ class SamplerArgs(_PlacedArgs):
             return data
         data = dict(data)
         _migrate_cpu_threads("SamplerArgs", data)
+        _upstream.migrate_gpus_per_worker("SamplerArgs", data)
         return data
 
     @model_validator(mode="after")
@@ -274,6 +291,16 @@ class ProcessorArgs(_PlacedArgs):
     ncpu_proc_per_node: int = Field(default=1, ge=1)
     device_group: DeviceGroup | None = None
     device_mesh: DeviceMesh | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _migrate(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        _upstream.migrate_processor_queue(data)
+        _upstream.migrate_gpus_per_worker("ProcessorArgs", data)
+        return data
 
 
 ARGS_BY_IMPORT_PATH: dict[str, type[StrictModel]] = {

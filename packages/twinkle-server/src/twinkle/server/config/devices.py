@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
+from twinkle.server.config import _upstream
 from twinkle.server.config._base import StrictModel
 
 DeviceType = Literal["cuda", "cpu", "npu"]
@@ -14,7 +15,12 @@ ACCELERATORS = ("cuda", "npu")
 
 def _normalise_device_type(value: object) -> object:
     # The seed configs write ``CPU``; the case carries no meaning.
-    return value.lower() if isinstance(value, str) else value
+    if not isinstance(value, str):
+        return value
+    if value.lower() == "gpu":  # ModelScope Twinkle's DeviceGroup spelling
+        _upstream.notice("device_type %r is read as 'cuda'", value)
+        return "cuda"
+    return value.lower()
 
 
 class DeviceGroup(StrictModel):
@@ -31,6 +37,7 @@ class DeviceGroup(StrictModel):
     device_type: DeviceType = "cuda"
 
     _device_type = field_validator("device_type", mode="before")(_normalise_device_type)
+    _ranks_list = model_validator(mode="before")(_upstream.migrate_device_ranks)
 
     @property
     def is_accelerator(self) -> bool:

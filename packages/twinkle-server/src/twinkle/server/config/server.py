@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from twinkle.server.config import _upstream
 from twinkle.server.config._base import StrictModel, fail, raise_if
 from twinkle.server.config.args import (
     ARGS_BY_IMPORT_PATH,
@@ -281,6 +282,12 @@ class ApplicationConfig(StrictModel):
 class ServerConfig(StrictModel):
     """The whole server: one YAML file, one ``ServerConfig``."""
 
+    ray_namespace: str | None = Field(
+        default=None,
+        min_length=1,
+        description="the Ray namespace of ``launch`` when neither --namespace nor "
+        "$TWINKLE_RAY_NAMESPACE gives one (default: an anonymous namespace)",
+    )
     proxy_location: Literal["EveryNode", "HeadOnly", "Disabled"] = "HeadOnly"
     http_options: HttpOptions = Field(default_factory=HttpOptions)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
@@ -289,6 +296,11 @@ class ServerConfig(StrictModel):
     storage: StorageConfig = Field(default_factory=StorageConfig)
     hub: HubConfig = Field(default_factory=HubConfig)
     applications: list[ApplicationConfig] = Field(min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _migrate(cls, data: Any) -> Any:
+        return _upstream.migrate_top_level(data) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
     def _applications_consistent(self) -> ServerConfig:

@@ -8,6 +8,8 @@ sampler deployment. See TINKER_PROTOCOL.md for the contract.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 from fastapi import APIRouter, Depends, Request
 
@@ -15,7 +17,7 @@ from twinkle.server.context import ServerContext
 from twinkle.server.errors import BadRequest
 from twinkle.server.gateway.backends import Backends
 from twinkle.server.threads import off_loop
-from twinkle.server.tinker import convert, custom_loss, optimizers, wire
+from twinkle.server.tinker import convert, custom_loss, extensions, optimizers, wire, wire_json
 from twinkle.server.tinker import images as tinker_images
 from twinkle.server.tinker.api import CLIENT_CONFIG, SequencedCall, TinkerApi
 from twinkle.server.tinker.futures import Proto, body_digest
@@ -145,51 +147,21 @@ def _training_routes(router: APIRouter, api: TinkerApi) -> None:
     async def forward_backward(request: Request) -> dict:
         owner = api.ctx.authenticate(request.headers)
         raw = await api.read_body(request)
-        if "json" in request.headers.get("content-type", ""):
-            raise BadRequest(
-                "forward_backward takes a protobuf ForwardBackwardRequest (application/x-protobuf)"
-            )
-        body = wire.decompress(raw, request.headers.get("content-encoding"), api.max_bytes)
-        msg = wire.decode_forward_backward(body)
-        if msg.loss_fn == "stable_reinforce":
-            bind_sampler_logprobs(store_for(api), owner, msg.data, body)
-        keys = api.dedupe_keys(
-            request, "forward_backward", msg.model_id, msg.seq_id, body_digest(raw)
-        )
-        op = "forward_only" if msg.forward_only else "forward_backward"
-        existing = api.futures.find(owner, keys)
-        call = SequencedCall(op, owner, {}, msg.model_id, msg.seq_id, keys, existing)
+        if "json" in request.headers.get("content-type", ""):  # SDKs before 0.27
+            body = raw
+            msg = wire_json.decode_forward_backward(_json(raw), forward_only=False)
+        else:
+            body = wire.decompress(raw, request.headers.get("content-encoding"), api.max_bytes)
+            msg = wire.decode_forward_backward(body)
+        return await _training_call(api, request, owner, msg, raw, body)
 
-        async def prepare():
-            run = api.run_of(owner, msg.model_id)
-            client = api.backends.model(run.base_model)
-            vocab = (await off_loop(model_facts, run.base_model)).vocab_size
-            # Image chunks -> image tokens + pixel_values (checked; a bad image is a 400).
-            await off_loop(tinker_images.expand_datums, msg.data, run.base_model)
-            if msg.loss_fn == "custom":
-                features, loss = custom_loss.features_and_loss(api, owner, run, msg, vocab)
-            else:
-                loss = convert.check_loss(msg.loss_fn, msg.loss_fn_config)
-                features = convert.datums_to_features(msg.data, msg.loss_fn, vocab)
-            payload = {"adapter_name": msg.model_id, "inputs": features, "loss": loss}
-
-            async def run_call() -> Proto:
-                result = await client.call(owner, op, payload)
-                tokens = int(result.get("num_tokens", 0))
-                api.state.count_usage(owner, "training", tokens, run.base_model, run.session_id)
-                outputs = [
-                    {"logprobs": np.asarray(lp, dtype=np.float32)} for lp in result["logprobs"]
-                ]
-                metrics = {
-                    "loss:sum": float(result["loss"]),
-                    "num_tokens:sum": float(result.get("num_tokens", 0)),
-                    **custom_loss.custom_metrics(result),
-                }
-                return Proto(wire.encode_forward_backward_output(outputs, metrics))
-
-            return run_call
-
-        return await api.sequenced(call, prepare)
+    @router.post("/forward")
+    async def forward(request: Request) -> dict:
+        """``ForwardRequest`` as JSON: how SDKs before 0.27 ask for a forward pass."""
+        owner = api.ctx.authenticate(request.headers)
+        raw = await api.read_body(request)
+        msg = wire_json.decode_forward_backward(_json(raw), forward_only=True)
+        return await _training_call(api, request, owner, msg, raw, raw)
 
     @router.post("/optim_step")
     async def optim_step(request: Request) -> dict:
@@ -224,6 +196,67 @@ def _training_routes(router: APIRouter, api: TinkerApi) -> None:
         return api.submitted(
             api.futures.submit(owner, "unload_model", run, model_id=model_id), model_id
         )
+
+
+def _json(raw: bytes) -> object:
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise BadRequest("the request body is not valid JSON") from None
+
+
+async def _training_call(
+    api: TinkerApi,
+    request: Request,
+    owner: str,
+    msg: wire.WireForwardBackward,
+    raw: bytes,
+    body: bytes,
+) -> dict:
+    """Run a decoded forward / forward_backward as the model's next sequenced call (``raw``: the
+    body as sent, for resubmission dedupe; ``body``: decompressed, for provenance binding)."""
+    if msg.loss_fn == "stable_reinforce":
+        bind_sampler_logprobs(store_for(api), owner, msg.data, body)
+    keys = api.dedupe_keys(request, "forward_backward", msg.model_id, msg.seq_id, body_digest(raw))
+    # A reference pass of the base model trains nothing: it runs as a forward.
+    reference = extensions.take_disable_lora(msg)
+    op = "forward_only" if msg.forward_only or reference else "forward_backward"
+    existing = api.futures.find(owner, keys)
+    call = SequencedCall(op, owner, {}, msg.model_id, msg.seq_id, keys, existing)
+
+    async def prepare():
+        run = api.run_of(owner, msg.model_id)
+        client = api.backends.model(run.base_model)
+        vocab = (await off_loop(model_facts, run.base_model)).vocab_size
+        # Image chunks -> image tokens + pixel_values (checked; a bad image is a 400).
+        await off_loop(tinker_images.expand_datums, msg.data, run.base_model)
+        if msg.loss_fn == "custom":
+            features, loss = custom_loss.features_and_loss(api, owner, run, msg, vocab)
+        else:
+            features, loss = extensions.features_and_loss(msg, vocab)
+        payload = {"adapter_name": msg.model_id, "inputs": features, "loss": loss}
+        if reference:
+            payload["disable_lora"] = True
+
+        async def run_call() -> Proto:
+            result = await client.call(owner, op, payload)
+            tokens = int(result.get("num_tokens", 0))
+            api.state.count_usage(owner, "training", tokens, run.base_model, run.session_id)
+            outputs = [{"logprobs": np.asarray(lp, dtype=np.float32)} for lp in result["logprobs"]]
+            loss_value = (
+                extensions.reference_loss(msg, result["logprobs"]) if reference else result["loss"]
+            )
+            metrics = {
+                "loss:sum": float(loss_value),
+                "num_tokens:sum": float(result.get("num_tokens", 0)),
+                **custom_loss.custom_metrics(result),
+                **extensions.loss_metrics(loss, result),
+            }
+            return Proto(wire.encode_forward_backward_output(outputs, metrics))
+
+        return run_call
+
+    return await api.sequenced(call, prepare)
 
 
 __all__ = ["TinkerApi", "create_tinker_router"]

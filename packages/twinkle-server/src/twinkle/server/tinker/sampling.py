@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, Response
 from twinkle.server.errors import BadRequest, Gone
 from twinkle.server.state._futures import ORPHANED
 from twinkle.server.threads import off_loop
-from twinkle.server.tinker import convert, sample_fields, stability, wire
+from twinkle.server.tinker import convert, sample_fields, stability, wire, wire_json
 from twinkle.server.tinker import images as tinker_images
 from twinkle.server.tinker.admin import count_sample_usage
 from twinkle.server.tinker.api import (
@@ -134,5 +134,8 @@ def future_routes(router: APIRouter, api: TinkerApi) -> None:
                 raise Gone(f"sample {rid}: {ORPHANED}")
             return JSONResponse({"error": record.error.message, "category": record.error.category})
         if record.content_type == PROTOBUF:
-            return Response(base64.b64decode(record.result_b64 or ""), media_type=PROTOBUF)
+            data = base64.b64decode(record.result_b64 or "")
+            if not wire_json.wants_protobuf(request.headers):  # an SDK before 0.27
+                return await off_loop(wire_json.result_as_json, record.kind, data)
+            return Response(data, media_type=PROTOBUF)
         return record.result
