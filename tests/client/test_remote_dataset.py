@@ -90,3 +90,21 @@ def test_server_paths_and_other_keys_datasets_are_out_of_reach(alice, live, tmp_
         mine.__getitems__([99])
     with pytest.raises(IndexError):
         mine[6]
+
+
+def test_encode_with_a_generation_prompt_matches_the_local_dataset(alice):
+    """``encode(add_generation_prompt=True)`` on the server ends each prompt with the assistant
+    header, exactly as the local dataset does (upstream's GRPO scripts sample from such rows)."""
+    from twinkle.dataset import Dataset as LocalDataset
+    from twinkle.dataset import DatasetMeta as LocalMeta
+
+    prompts = [{"messages": row["messages"][:1]} for row in ROWS]
+    remote = Dataset(DatasetMeta(data=prompts)).set_template(TEMPLATE, model_id=MODEL_ID)
+    local = LocalDataset(LocalMeta(data=prompts)).set_template(TEMPLATE, model_id=MODEL_ID)
+    plain = LocalDataset(LocalMeta(data=prompts)).set_template(TEMPLATE, model_id=MODEL_ID)
+    remote.encode(batched=True, add_generation_prompt=True, timeout=60)
+    local.encode(batched=True, add_generation_prompt=True)
+    plain.encode(batched=True)
+    for i in range(len(local)):
+        np.testing.assert_array_equal(remote[i]["input_ids"], local[i]["input_ids"])
+    assert len(local[0]["input_ids"]) > len(plain[0]["input_ids"])

@@ -146,14 +146,18 @@ def test_server_wheel_ships_only_its_subpackage_and_imports(tmp_path, layout):
 
 
 SOURCES = {
-    "twinkle": ROOT / "packages" / "twinkle" / "src" / "twinkle",
-    "twinkle-client": ROOT / "packages" / "twinkle-client" / "src" / "twinkle_client",
-    "twinkle-server": ROOT / "packages" / "twinkle-server" / "src" / "twinkle" / "server",
+    "twinkle": (
+        ROOT / "packages" / "twinkle" / "src" / "twinkle",
+        ROOT / "packages" / "twinkle" / "src" / "twinkle_agentic",
+    ),
+    "twinkle-client": (ROOT / "packages" / "twinkle-client" / "src" / "twinkle_client",),
+    "twinkle-server": (ROOT / "packages" / "twinkle-server" / "src" / "twinkle" / "server",),
 }
-# Imported only behind a feature whose missing package gives a clear error (extras, GPU kernels,
-# alternative backends): not hard dependencies.
+# Imported only behind a feature whose missing package gives a clear error (extras such as
+# twinkle[agentic], GPU kernels, alternative backends): not hard dependencies.
 OPTIONAL_IMPORTS = {"triton", "vllm", "megatron", "matplotlib", "tinker", "transformer_engine",
-                    "apex", "flash_attn", "pyrage", "zstandard"}  # fmt: skip
+                    "apex", "flash_attn", "pyrage", "zstandard",
+                    "openenv", "pyspiel"}  # fmt: skip
 OPTIONAL_BY_DIST = {
     "twinkle": {"ray"},  # twinkle[ray]; twinkle-server declares it
     "twinkle-client": {"torch"},  # accepted when the caller has it (tensors in, tensors out)
@@ -161,11 +165,11 @@ OPTIONAL_BY_DIST = {
 }  # fmt: skip
 
 
-def _top_level_imports(root: Path) -> set[str]:
+def _top_level_imports(roots: tuple[Path, ...]) -> set[str]:
     import ast
 
     names = set()
-    for path in root.rglob("*.py"):
+    for path in (p for root in roots for p in root.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             if isinstance(node, ast.Import):
                 names |= {alias.name.split(".")[0] for alias in node.names}
@@ -203,7 +207,7 @@ def test_every_third_party_import_is_declared(dist):
     for module in sorted(
         _top_level_imports(SOURCES[dist]) - stdlib - OPTIONAL_IMPORTS - OPTIONAL_BY_DIST[dist]
     ):
-        if module in ("twinkle", "twinkle_client", "__future__"):
+        if module in ("twinkle", "twinkle_client", "twinkle_agentic", "__future__"):
             continue
         owners = {d.lower().replace("_", "-") for d in module_dists.get(module, [])}
         if not owners & installed:

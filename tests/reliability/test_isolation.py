@@ -178,6 +178,11 @@ ID_ROUTES: dict[str, I] = {
         "tinker_save_external": {"name": "stolen"}, "tinker_adapter_state": {},
         "adapter_tensors": {},
     }.items()},  # fmt: skip
+    "POST model:/add_metric": model_op("add_metric", {"metric_cls": "LossMetric"}),
+    "POST model:/get_state_dict": model_op("get_state_dict"),
+    "GET gateway:/checkpoint_info": lambda i: [gw("GET", f"/checkpoint_info?twinkle_path={i[c]}") for c in ("alice_ckpt", "alice_state")],
+    # SDKs before 0.27 send forward passes as JSON.
+    "POST gateway:/forward": body("POST", "/forward", lambda i: {"model_id": i["alice_model"], "seq_id": 9, "forward_input": {"data": [], "loss_fn": "cross_entropy"}}),
     "POST model:/load": on_own_adapter("load", "path"),
     "POST model:/resume_from_checkpoint": on_own_adapter("resume_from_checkpoint", "path"),
     "POST model:/upload_to_hub": lambda i: [
@@ -234,6 +239,12 @@ NO_ID: dict[str, I] = {
     "POST gateway:/auth/token": lambda i: [gw("POST", "/auth/token", json={}, expect=200)],
     "GET gateway:/auth/apikey/me": lambda i: [gw("GET", "/auth/apikey/me", expect=200)],
     "DELETE gateway:/auth/apikey/me": lambda i: [gw("DELETE", "/auth/apikey/me", expect=403)],
+    "GET gateway:/capacity_info": lambda i: [gw("GET", "/capacity_info", expect=200)],
+    "POST model:/capacity_info": lambda i: [Req("POST", f"{PREFIXES['model']}/capacity_info", json={}, expect=200)],
+    # Upload ids are per key: one bob never started is unknown to him.
+    "POST model:/upload_status": lambda i: [Req("POST", f"{PREFIXES['model']}/upload_status", json={"upload_id": "u-not-bobs"}, expect=404)],
+    # Bob declares a sampler adapter named like alice's: names are per key.
+    "POST sampler:/add_adapter_to_sampler": lambda i: [Req("POST", f"{PREFIXES['sampler']}/add_adapter_to_sampler", json={"adapter_name": i["alice_native"], "config": {"r": 4}}, expect=200)],
     "GET model:/healthz": lambda i: [Req("GET", f"{PREFIXES['model']}/healthz", expect=200)],
     "GET model:/endpoint": lambda i: [Req("GET", f"{PREFIXES['model']}/endpoint", expect=200)],
     "GET model:/status": lambda i: [Req("GET", f"{PREFIXES['model']}/status", expect=200)],

@@ -157,3 +157,43 @@ def test_oversized_bodies_are_refused(tmp_path):
             assert r.status_code == 413 and "over the limit" in r.json()["error"]
 
     run(scenario())
+
+
+def test_a_sampled_feature_trains_with_its_messages_and_user_data(server):
+    """A sampler's ``new_input_feature`` carries the conversation and the row's data beside its
+    ids: the server trains on the ids and leaves those fields alone, with the same loss as the
+    bare ids."""
+
+    async def scenario():
+        async with client(server, "alice") as alice:
+            r = await alice.post(
+                f"{MODEL}/add_adapter_to_model",
+                json={"adapter_name": "default", "config": {"r": 4}},
+            )
+            assert r.status_code == 200, r.text
+            bare = _features(seed=3)
+            rich = [
+                {
+                    **f,
+                    "messages": [
+                        {"role": "user", "content": "2+2?"},
+                        {"role": "assistant", "content": "4"},
+                    ],
+                    "user_data": [["answer", "4"]],
+                }
+                for f in bare
+            ]
+            losses = []
+            for inputs in (bare, rich):
+                r = await alice.post(
+                    f"{MODEL}/forward_only", json={"adapter_name": "default", "inputs": inputs}
+                )
+                assert r.status_code == 200, r.text
+                losses.append(r.json()["result"]["loss"])
+            assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+            r = await alice.post(
+                f"{MODEL}/forward_backward", json={"adapter_name": "default", "inputs": rich}
+            )
+            assert r.status_code == 200, r.text
+
+    run(scenario())

@@ -23,10 +23,14 @@ from twinkle_client._version import __version__
 from twinkle_client.errors import NotFoundError, TwinkleClientError
 from twinkle_client.types import (
     DEFAULT_GATEWAY,
+    CapacityInfo,
     Checkpoint,
+    Cursor,
+    DeleteCheckpointResponse,
     RouteTable,
     ServerCapabilities,
     TrainingRun,
+    WeightsInfo,
 )
 
 logger = logging.getLogger("twinkle_client")
@@ -196,12 +200,47 @@ class TwinkleClient:
             self.http.get(f"{API_PREFIX}/get_server_capabilities")
         )
 
-    def list_training_runs(self, limit: int = 20, offset: int = 0) -> list[TrainingRun]:
-        """This API key's training runs, newest first."""
-        reply = self.http.get(
-            f"{API_PREFIX}/training_runs", params={"limit": limit, "offset": offset}
-        )
-        return [TrainingRun.model_validate(run) for run in reply["training_runs"]]
+    def get_capacity_info(self) -> CapacityInfo:
+        """Adapter slots: ``max_loras``, ``used_loras`` and ``free_loras`` over the server's
+        trainable base models, and the same per base model in ``models``."""
+        return CapacityInfo.model_validate(self.http.get(f"{API_PREFIX}/capacity_info"))
+
+    def list_training_runs(
+        self, limit: int = 20, offset: int = 0, all_users: bool = False
+    ) -> list[TrainingRun]:
+        """This API key's training runs, newest first.
+
+        Args:
+            limit: Runs per page.
+            offset: Runs to skip.
+            all_users: Ask for every key's runs. The server answers with this key's runs only
+                (it has no administrator keys: no key sees another key's runs).
+        """
+        return self.list_training_runs_with_cursor(limit, offset, all_users)[0]
+
+    def list_training_runs_with_cursor(
+        self, limit: int = 20, offset: int = 0, all_users: bool = False
+    ) -> tuple[list[TrainingRun], Cursor]:
+        """One page of :meth:`list_training_runs` and where it sits (``cursor.total_count``)."""
+        params: dict[str, Any] = {"limit": limit, "offset": offset}
+        if all_users:
+            params["all_users"] = "true"
+        reply = self.http.get(f"{API_PREFIX}/training_runs", params=params)
+        runs = [TrainingRun.model_validate(run) for run in reply["training_runs"]]
+        return runs, Cursor.model_validate(reply.get("cursor") or {})
+
+    def find_training_run_by_model(self, base_model: str) -> list[TrainingRun]:
+        """This key's runs on ``base_model`` (``Qwen/Qwen3.5-4B``, ``ms://Qwen/Qwen3.5-4B`` or
+        ``tiny://qwen3.5``), newest first."""
+        wanted = served_model_name(base_model)
+        found: list[TrainingRun] = []
+        offset, page = 0, 1000
+        while True:
+            runs, cursor = self.list_training_runs_with_cursor(limit=page, offset=offset)
+            found += [r for r in runs if r.base_model == wanted]
+            offset += len(runs)
+            if not runs or offset >= cursor.total_count:
+                return found
 
     def get_training_run(self, run_id: str) -> TrainingRun:
         """One training run; raises :class:`NotFoundError` for another key's or an unknown run."""
@@ -223,6 +262,38 @@ class TwinkleClient:
                 return checkpoint.twinkle_path
         raise NotFoundError(f"run {run_id!r} has no checkpoint {checkpoint_id!r}", status=404)
 
+    def delete_checkpoint(self, run_id: str, checkpoint_id: str) -> DeleteCheckpointResponse:
+        """Delete one of this key's checkpoints, files included.
+
+        Args:
+            run_id: The training run.
+            checkpoint_id: ``weights/<name>``, ``sampler_weights/<name>`` or just ``<name>``
+                (looked up among the run's checkpoints).
+
+        Raises:
+            NotFoundError: No such checkpoint of this key.
+        """
+        if "/" not in checkpoint_id:
+            path = self.get_checkpoint_path(run_id, checkpoint_id)
+            checkpoint_id = path.split(f"{run_id}/", 1)[1]
+        reply = self.http.request(
+            "DELETE", f"{API_PREFIX}/training_runs/{run_id}/checkpoints/{checkpoint_id}"
+        )
+        return DeleteCheckpointResponse(
+            success=True, message=f"deleted {reply['deleted']}", twinkle_path=reply["deleted"]
+        )
+
+    def get_weights_info(self, twinkle_path: str) -> WeightsInfo:
+        """What the checkpoint at ``twinkle_path`` holds: its run, base model, owner and LoRA
+        rank (this key's checkpoints and published ones only).
+
+        Raises:
+            NotFoundError: Not a checkpoint this key can read.
+        """
+        return WeightsInfo.model_validate(
+            self.http.get(f"{API_PREFIX}/checkpoint_info", params={"twinkle_path": twinkle_path})
+        )
+
     def get_latest_checkpoint_path(self, run_id: str) -> str | None:
         """The ``twinkle://`` path of the run's most recent training checkpoint (``None`` if none)."""
         checkpoints = self.list_checkpoints(run_id)
@@ -232,6 +303,20 @@ class TwinkleClient:
         return max(enumerate(training), key=lambda ic: (ic[1].time or "", ic[0]))[1].twinkle_path
 
     # ------------------------------------------------------------------ deployments
+    def model(self, model_id: str, **kwargs: Any) -> Any:
+        """A remote ``MultiLoraTransformersModel`` of ``model_id`` on this client's server."""
+        from twinkle_client.model import MultiLoraTransformersModel
+
+        return MultiLoraTransformersModel(model_id, client=self, **kwargs)
+
+    def sampler(self, model_id: str, **kwargs: Any) -> Any:
+        """A remote ``vLLMSampler`` of ``model_id`` on this client's server."""
+        from twinkle_client.sampler import vLLMSampler
+
+        sampler = vLLMSampler(model_id, **kwargs)
+        sampler.client = self
+        return sampler
+
     def get_routes(self) -> RouteTable:
         """Where the server's model, sampler and processor applications answer.
 

@@ -134,6 +134,8 @@ class TrainingRun(_Response):
 
 
 class Cursor(_Response):
+    """Where a page of ``list_training_runs_with_cursor`` sits in the whole list."""
+
     offset: int = 0
     limit: int = 0
     total_count: int = 0
@@ -153,6 +155,98 @@ class Checkpoint(_Response):
     expires_at: str | None = None
 
 
+class CapacityInfo(_Response):
+    """Adapter slots of the server (``TwinkleClient.get_capacity_info()``), summed over its
+    trainable base models; ``models`` has the same three numbers per base model."""
+
+    max_loras: int = 0
+    used_loras: int = 0
+    free_loras: int = 0
+    models: dict[str, dict[str, int]] = Field(default_factory=dict)
+
+
+class WeightsInfo(_Response):
+    """What a ``twinkle://`` checkpoint path holds (``TwinkleClient.get_weights_info``)."""
+
+    training_run_id: str
+    base_model: str | None = None
+    model_owner: str | None = None
+    is_lora: bool = True
+    lora_rank: int | None = None
+    checkpoint_id: str | None = None
+    checkpoint_type: str | None = None
+    twinkle_path: str | None = None
+    lora_config: dict[str, Any] | None = None
+
+
+class DeleteCheckpointResponse(_Response):
+    """What ``TwinkleClient.delete_checkpoint`` returns: ``success`` and the deleted path."""
+
+    success: bool
+    message: str = ""
+    twinkle_path: str | None = None
+
+
+class SavedCheckpoint(str):
+    """What ``model.save()`` returns: the checkpoint's path as a plain string, with attributes.
+
+    It *is* the path (``str``), so code that uses the return value as a path keeps working, and
+    it has ``twinkle_path`` like ModelScope Twinkle's ``SaveResponse``. From a server the path is
+    ``twinkle://<run>/<kind>/<name>``; from a local model it is the checkpoint directory, which is
+    what a local sampler's ``adapter_uri`` and ``load()`` take.
+
+    Attributes:
+        twinkle_path: The path (the string itself).
+        checkpoint_dir: The checkpoint directory on this machine (``None`` for a server's
+            checkpoint: where the server stores it is not the client's business).
+        checkpoint_type: ``weights`` or ``sampler_weights``.
+    """
+
+    checkpoint_dir: str | None
+    checkpoint_type: str
+
+    def __new__(
+        cls,
+        path: str,
+        checkpoint_dir: str | None = None,
+        checkpoint_type: str = "weights",
+    ) -> SavedCheckpoint:
+        saved = super().__new__(cls, path)
+        saved.checkpoint_dir = checkpoint_dir
+        saved.checkpoint_type = checkpoint_type
+        return saved
+
+    @property
+    def twinkle_path(self) -> str:
+        return str(self)
+
+    @property
+    def path(self) -> str:
+        return str(self)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.checkpoint_dir, self.checkpoint_type))
+
+    def model_dump(self) -> dict[str, Any]:
+        """The fields as a dict (the shape of ModelScope Twinkle's ``SaveResponse``)."""
+        return {"twinkle_path": str(self), "checkpoint_dir": self.checkpoint_dir}
+
+
+SaveResponse = SavedCheckpoint
+"""ModelScope Twinkle's name for what ``save()`` returns."""
+
+
+class ForwardOutput(dict):
+    """What ``forward_only`` (and ``forward``) returns: the output dict itself (``loss``,
+    ``logprobs``, ...), also reachable as ``.result`` like ModelScope Twinkle's
+    ``ForwardResponse``, so ``model.forward_backward(..., ref_outputs=out.result)`` and
+    ``out['logprobs']`` both work."""
+
+    @property
+    def result(self) -> ForwardOutput:
+        return self
+
+
 class TrainConfigs(_Response):
     """A tenant's training configuration, as ``get_train_configs()`` reports it."""
 
@@ -168,11 +262,17 @@ class TrainConfigs(_Response):
 
 
 __all__ = [
+    "CapacityInfo",
     "Checkpoint",
     "Cursor",
+    "DeleteCheckpointResponse",
+    "ForwardOutput",
     "RouteTable",
+    "SaveResponse",
+    "SavedCheckpoint",
     "ServerCapabilities",
     "SupportedModel",
     "TrainConfigs",
     "TrainingRun",
+    "WeightsInfo",
 ]

@@ -16,9 +16,10 @@ from twinkle_client.model._adapter_files import (
     read_adapter_config,
     upload_body,
 )
+from twinkle_client.model._hub_upload import DEFAULT_POLL_INTERVAL_S, RemoteUpload
 from twinkle_client.model.adam import AdamParams
 from twinkle_client.model.metrics import Metric
-from twinkle_client.types import TrainConfigs
+from twinkle_client.types import ForwardOutput, SavedCheckpoint, TrainConfigs
 
 if TYPE_CHECKING:
     import torch
@@ -96,11 +97,16 @@ class MultiLoraTransformersModel:
         adapter_name: str,
         config: Any = None,
         gradient_accumulation_steps: int = 1,
+        save_dir: str | os.PathLike | None = None,
         **kwargs: Any,
     ) -> None:
         """Create this tenant's adapter ``adapter_name`` on the server: ``config`` is a
         ``peft.LoraConfig``, a dict, or a PEFT adapter directory on this machine (its
         ``adapter_config.json`` is read here and sent).
+
+        ``save_dir`` (where a local model puts this adapter's checkpoints) is accepted and not
+        sent: the server keeps a tenant's checkpoints in its own storage, and ``save()``
+        returns their ``twinkle://`` paths.
 
         Raises:
             BadRequestError: Duplicate name, a rank over the server's limit, bad arguments.
@@ -108,6 +114,12 @@ class MultiLoraTransformersModel:
         """
         if self.max_adapters is not None and len(self._adapters) >= self.max_adapters:
             raise ValueError(f"{type(self).__name__} holds at most {self.max_adapters} adapter(s)")
+        if save_dir is not None:
+            warnings.warn(
+                f"save_dir={str(save_dir)!r} ignored: the server stores this adapter's "
+                "checkpoints; save() returns their twinkle:// paths",
+                stacklevel=2,
+            )
         self._last_add = self._call(
             "add_adapter_to_model",
             adapter_name,
@@ -173,7 +185,9 @@ class MultiLoraTransformersModel:
         self, inputs: Any, adapter_name: str | None = None, **kwargs: Any
     ) -> dict[str, Any]:
         """Forward on the server, keeping the graph for a later ``calculate_loss`` + ``backward``."""
-        return self._call("forward", adapter_name, inputs=training_inputs(inputs), **kwargs)
+        return ForwardOutput(
+            self._call("forward", adapter_name, inputs=training_inputs(inputs), **kwargs)
+        )
 
     def calculate_loss(self, adapter_name: str | None = None, **kwargs: Any) -> float:
         """Apply the tenant's loss to the last ``forward``; returns the loss value."""
@@ -202,10 +216,22 @@ class MultiLoraTransformersModel:
         )
 
     def forward_only(
-        self, inputs: Any, adapter_name: str | None = None, **kwargs: Any
-    ) -> dict[str, Any]:
-        """Forward without gradients; returns loss and per-row target log-probabilities."""
-        return self._call("forward_only", adapter_name, inputs=training_inputs(inputs), **kwargs)
+        self,
+        inputs: Any,
+        adapter_name: str | None = None,
+        disable_lora: bool = False,
+        **kwargs: Any,
+    ) -> ForwardOutput:
+        """Forward without gradients; returns loss and per-row target log-probabilities as a
+        :class:`~twinkle_client.types.ForwardOutput` (the dict, also as ``.result``).
+
+        With ``disable_lora`` the base model answers without the adapter (reference
+        log-probabilities for DPO: ``forward_backward(..., ref_outputs=out.result)``)."""
+        if disable_lora:
+            kwargs["disable_lora"] = True
+        return ForwardOutput(
+            self._call("forward_only", adapter_name, inputs=training_inputs(inputs), **kwargs)
+        )
 
     def clip_grad_norm(self, max_grad_norm: float = 1.0, adapter_name: str | None = None) -> float:
         """Clip the tenant's gradient norm; returns the norm before clipping."""
@@ -252,9 +278,10 @@ class MultiLoraTransformersModel:
         output_dir: str | os.PathLike | None = None,
         save_optimizer: bool = False,
         consumed_train_samples: int | None = None,
+        is_sampler: bool = False,
         adapter_name: str | None = None,
         **kwargs: Any,
-    ) -> str:
+    ) -> SavedCheckpoint:
         """Save the tenant's adapter (and, with ``save_optimizer``, its full training state) in
         the server's storage.
 
@@ -263,10 +290,12 @@ class MultiLoraTransformersModel:
             output_dir: Must stay ``None``: the server decides where a tenant's checkpoints live.
             save_optimizer: Also save optimizer, scheduler, RNG and progress for resuming.
             consumed_train_samples: Data progress to store (from ``DataLoader.get_state()``).
-            **kwargs: ``kind='sampler'`` saves weights for sampling only.
+            is_sampler: Save the weights for sampling only, as ``sampler_weights/<name>``
+                (saving the same name again replaces it); not with ``save_optimizer``.
 
         Returns:
-            The checkpoint's ``twinkle://<run>/weights/<name>`` path.
+            The checkpoint's ``twinkle://<run>/weights/<name>`` path, as a string that also has
+            ``.twinkle_path`` (:class:`~twinkle_client.types.SavedCheckpoint`).
         """
         if output_dir is not None:
             raise ValueError(
@@ -278,12 +307,21 @@ class MultiLoraTransformersModel:
             name=name,
             save_optimizer=save_optimizer,
             consumed_train_samples=consumed_train_samples,
+            is_sampler=is_sampler,
             **kwargs,
         )
-        return reply["path"]
+        kind = "sampler_weights" if is_sampler or kwargs.get("kind") == "sampler" else "weights"
+        return SavedCheckpoint(reply["path"], checkpoint_type=kind)
 
-    def load(self, path: str | os.PathLike, adapter_name: str | None = None, **kwargs: Any) -> None:
-        """Load adapter weights only (no optimizer or progress) into the tenant's adapter.
+    def load(
+        self,
+        path: str | os.PathLike,
+        adapter_name: str | None = None,
+        load_optimizer: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        """Load adapter weights (with ``load_optimizer``, the whole training state, as
+        ``resume_from_checkpoint`` does) into the tenant's adapter.
 
         The path's form says where the checkpoint is: a ``twinkle://`` (or ``tinker://``) path
         is one of this key's checkpoints on the server; any other path is a PEFT adapter
@@ -297,6 +335,8 @@ class MultiLoraTransformersModel:
             path: A ``twinkle://`` checkpoint path or a local adapter directory.
             adapter_name: The tenant's adapter (created beforehand, e.g. with
                 ``add_adapter_to_model(name, LoraConfig.from_pretrained(path))``).
+            load_optimizer: Also restore optimizer, scheduler, RNG and progress (a
+                ``twinkle://`` checkpoint saved with ``save_optimizer=True`` only).
             **kwargs: For a local directory, ``name=`` the checkpoint name on the server
                 (default: the directory's name).
 
@@ -307,55 +347,122 @@ class MultiLoraTransformersModel:
             NotFoundError: A ``twinkle://`` path that is not a checkpoint of this key.
         """
         if is_server_path(path):
-            self._call("load", adapter_name, path=str(path), **kwargs)
+            self._call(
+                "load", adapter_name, path=str(path), load_optimizer=load_optimizer, **kwargs
+            )
             return
+        if load_optimizer:
+            raise ValueError(
+                "load_optimizer=True needs a twinkle:// checkpoint: a local adapter directory "
+                "holds no training state the server can restore"
+            )
         body = upload_body(adapter_directory(path), kwargs.pop("name", None))
         if kwargs:
             raise TypeError(f"unexpected arguments for a local directory: {', '.join(kwargs)}")
         self._call("upload_adapter", adapter_name, **body)
 
     def resume_from_checkpoint(
-        self, path: str | os.PathLike, adapter_name: str | None = None
+        self,
+        path: str | os.PathLike,
+        adapter_name: str | None = None,
+        resume_only_model: bool = False,
     ) -> dict[str, Any]:
         """Restore weights, optimizer, scheduler, RNG and progress from a ``twinkle://`` path;
-        returns the progress dict (``cur_step``, ``consumed_train_samples``, ...)."""
-        return self._call("resume_from_checkpoint", adapter_name, path=str(path))
+        returns the progress dict (``cur_step``, ``consumed_train_samples``, ...).
+
+        With ``resume_only_model`` only the weights are loaded (optimizer, scheduler, RNG and
+        step counters start afresh) and the stored progress is returned, so a data loader can
+        skip what was trained already."""
+        return self._call(
+            "resume_from_checkpoint",
+            adapter_name,
+            path=str(path),
+            resume_only_model=resume_only_model,
+        )
+
+    def get_state_dict(self, adapter_name: str | None = None) -> dict[str, Any]:
+        """A copy of the tenant's adapter weights, PEFT-keyed, as float32 numpy arrays (sent as
+        JSON: for large adapters, ``save()`` and download the checkpoint instead)."""
+        import numpy as np
+
+        reply = self._call("get_state_dict", adapter_name)
+        return {
+            key: np.asarray(value["data"], dtype=np.float32).reshape(value["shape"])
+            for key, value in reply.items()
+        }
 
     def upload_to_hub(
         self,
         checkpoint_dir: str | os.PathLike,
         hub_model_id: str,
+        hub_token: str | None = None,
         async_upload: bool = False,
+        poll_interval: float = DEFAULT_POLL_INTERVAL_S,
         adapter_name: str | None = None,
         **kwargs: Any,
     ) -> Any:
-        """Ask the server to upload one of this key's checkpoints to the ModelScope hub.
+        """Have the server upload one of this key's checkpoints to the ModelScope hub.
 
-        Only the adapter files go (``adapter_config.json``, ``adapter_model.safetensors``, a
-        ``README.md``); optimizer state stays on the server. The token is this client's API key
-        when the hub accepts it as a ModelScope token and the server allows it, else the
-        server's own (``docs/checkpoints.md``).
+        The server uploads in the background and this call asks for the upload's status every
+        ``poll_interval`` seconds until it is done (so a long upload never runs into an HTTP
+        timeout). Only the adapter files go (``adapter_config.json``,
+        ``adapter_model.safetensors``, a ``README.md``); optimizer state stays on the server.
 
         Args:
             checkpoint_dir: The ``twinkle://`` path ``save`` returned.
             hub_model_id: The repository, ``owner/name`` (created when missing).
-            async_upload: Return once the server has started the upload.
+            hub_token: A ModelScope token for this upload only (never stored). Without it the
+                server's token rule applies: this client's API key when the hub accepts it as a
+                ModelScope token, else the server's own token (``docs/checkpoints.md``).
+            async_upload: Return as soon as the server has started the upload.
+            poll_interval: Seconds between status requests while waiting.
             **kwargs: ``private``, ``commit_message``.
 
         Returns:
-            ``hub_model_id``, ``token`` (``caller``/``server``), ``status`` and, once uploaded,
-            ``files`` and ``url``.
+            A :class:`~twinkle_client.model._hub_upload.RemoteUpload` (a dict): ``status``
+            ``uploaded`` with ``files`` and ``url``; with ``async_upload``, ``started``, and its
+            ``result()`` waits for the end.
 
         Raises:
             NotFoundError: Not a checkpoint of this key.
-            TwinkleServerError: No usable token, or the hub refused it.
+            BadRequestError: No usable token, or a hub that cannot be reached (before anything
+                is started).
+            HubUploadFailedError: The upload itself failed (the hub refused it, went away).
         """
-        return self._call(
+        started = self._call(
             "upload_to_hub",
             adapter_name,
             checkpoint_dir=str(checkpoint_dir),
             hub_model_id=hub_model_id,
-            async_upload=async_upload,
+            hub_token=hub_token,
+            **kwargs,
+        )
+        upload = RemoteUpload(started, self._upload_status)
+        return upload if async_upload else upload.result(poll_interval=poll_interval)
+
+    def _upload_status(self, upload_id: str) -> dict[str, Any]:
+        return self.client.call(self.route, "upload_status", {"upload_id": upload_id})
+
+    def add_metric(
+        self,
+        metric_cls: Any,
+        is_training: bool | None = None,
+        adapter_name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Attach a metric by name (``'DPOMetric'``, ``'EmbeddingMetric'``, ...; a class is sent
+        by its name) to the tenant: fed after training forwards (``is_training=True``),
+        ``forward_only`` (``False``) or both (``None``) and reported by ``calculate_metric``;
+        ``kwargs`` configure it (``beta=0.1``).
+
+        Raises:
+            BadRequestError: An unknown or client-side metric, or arguments it does not take.
+        """
+        self._call(
+            "add_metric",
+            adapter_name,
+            metric_cls=_by_name("metric", metric_cls),
+            is_training=is_training,
             **kwargs,
         )
 

@@ -107,7 +107,10 @@ def sampler_bodies(components: dict[str, Any]) -> dict[tuple[str, str], dict]:
             "top_p": {"type": "number"},
             "top_k": _INT,
             "seed": _INT,
-            "stop": {"type": "array", "items": _STR},
+            "stop": {"anyOf": [_STR, {"type": "array", "items": {"anyOf": [_STR, _INT]}}]},
+            "logprobs": {"anyOf": [{"type": "boolean"}, _INT, {"type": "null"}]},
+            "prompt_logprobs": {"anyOf": [{"type": "boolean"}, _INT, {"type": "null"}]},
+            "include_stop_str_in_output": {"type": "boolean"},
         }
     )
     sample = _obj(
@@ -121,6 +124,9 @@ def sampler_bodies(components: dict[str, Any]) -> dict[tuple[str, str], dict]:
     return {
         ("post", "/sample"): json_body(sample),
         ("post", "/set_template"): json_body(_obj({"template": _STR}, ("template",))),
+        ("post", "/add_adapter_to_sampler"): json_body(
+            _obj({"adapter_name": _STR, "config": {"type": "object"}}, ("adapter_name",))
+        ),
         ("post", "/publish_adapter"): json_body(
             _obj({"adapter_uri": _STR, "config": {"type": "object"}}, ("adapter_uri",))
         ),
@@ -145,7 +151,15 @@ def processor_bodies(components: dict[str, Any]) -> dict[tuple[str, str], dict]:
         ),
         ("post", "/filter"): json_body(_obj(handle, ("dataset",))),
         ("post", "/encode"): json_body(
-            _obj({**handle, **run, "batched": {"type": "boolean"}}, ("dataset",))
+            _obj(
+                {
+                    **handle,
+                    **run,
+                    "batched": {"type": "boolean"},
+                    "add_generation_prompt": {"type": "boolean"},
+                },
+                ("dataset",),
+            )
         ),
         ("post", "/len"): json_body(_obj(handle, ("dataset",))),
         ("post", "/rows"): json_body(
@@ -198,6 +212,19 @@ def gateway_bodies(components: dict[str, Any]) -> dict[tuple[str, str], dict]:
         return out
     for endpoint, model in REQUEST_TYPES.items():
         out[("post", f"/{endpoint}")] = json_body(model_schema(model, components))
+    # SDKs before 0.27 send the forward passes as JSON (later ones as protobuf).
+    for endpoint, field in (
+        ("forward_backward", "forward_backward_input"),
+        ("forward", "forward_input"),
+    ):
+        body = _obj(
+            {field: {"type": "object"}, "model_id": _STR, "seq_id": _INT},
+            (field, "model_id"),
+        )
+        content = json_body(body)["content"]
+        if endpoint == "forward_backward":
+            content = {**PROTOBUF_BODY["content"], **content}
+        out[("post", f"/{endpoint}")] = {"required": True, "content": content}
     return out
 
 

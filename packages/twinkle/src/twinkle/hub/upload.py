@@ -17,11 +17,16 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import tempfile
 import threading
+import time
+import uuid
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 from twinkle.errors import InvalidArgumentError, PathNotFoundError, TwinkleError
 
@@ -30,11 +35,18 @@ ENDPOINT_ENV = "MODELSCOPE_ENDPOINT"
 REQUIRED_FILES = ("adapter_config.json", "adapter_model.safetensors")
 UPLOADED_FILES = (*REQUIRED_FILES, "README.md")
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*/[A-Za-z0-9][A-Za-z0-9_.\-]*")
+#: Seconds to wait for a TCP connection to the hub before reporting it unreachable.
+CONNECT_TIMEOUT_S = 5.0
 
 
 class HubUploadError(TwinkleError, RuntimeError):
     """An upload that cannot be done as asked: no modelscope package, no token, a token the hub
     rejects."""
+
+
+class HubUnreachableError(HubUploadError):
+    """The hub cannot be reached from here (no route, no DNS, refused, timed out). Retrying at
+    once does not help: the message names the address tried."""
 
 
 @dataclass(frozen=True)
@@ -141,16 +153,53 @@ def hub_username(token: str, endpoint: str | None = None) -> str | None:
     from modelscope_hub.errors import AuthenticationError, PermissionDeniedError
 
     api = hub_api(endpoint=_endpoint(endpoint), token=token)
+    check_reachable(api.endpoint)
     try:
         return api.whoami().username or None
     except (AuthenticationError, PermissionDeniedError):
         return None
+    except _network_errors() as exc:
+        raise _unreachable(api.endpoint, exc) from None
+
+
+def check_reachable(endpoint: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """Open (and close) a TCP connection to the hub at ``endpoint``.
+
+    modelscope retries a refused or unresolvable address for a quarter of a minute per call;
+    this answers within ``timeout`` seconds.
+
+    Raises:
+        HubUnreachableError: No connection within ``timeout`` seconds.
+    """
+    parts = urlsplit(endpoint)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname or "", port), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise _unreachable(endpoint, exc) from None
+
+
+def _unreachable(endpoint: str, exc: BaseException) -> HubUnreachableError:
+    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return HubUnreachableError(
+        f"cannot reach the ModelScope hub at {endpoint} ({reason}); check the network or the "
+        f"hub address (${ENDPOINT_ENV}, the server's hub.endpoint)"
+    )
+
+
+def _network_errors() -> tuple[type[BaseException], ...]:
+    import requests
+    from modelscope_hub.errors import NetworkError
+
+    return (NetworkError, requests.ConnectionError, requests.Timeout)
 
 
 def _upload(hub_api, directory, files, hub_model_id, token, endpoint, private, message):
     from modelscope_hub.errors import AuthenticationError, PermissionDeniedError
 
     api = hub_api(endpoint=_endpoint(endpoint), token=token)
+    check_reachable(api.endpoint)
     try:
         api.create_repo(hub_model_id, visibility="private" if private else "public", exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="twinkle-hub-upload-") as staging:
@@ -169,6 +218,8 @@ def _upload(hub_api, directory, files, hub_model_id, token, endpoint, private, m
             f"({str(exc).splitlines()[0]}). Check the "
             f"ModelScope token (the token argument, ${TOKEN_ENV}, or the API key you gave)"
         ) from None
+    except _network_errors() as exc:
+        raise _unreachable(api.endpoint, exc) from None
     return HubUpload(hub_model_id, files, f"{api.endpoint}/models/{hub_model_id}")
 
 
@@ -203,14 +254,91 @@ def _saved_login() -> str:
     return (HubConfig().load_token() or "").strip()
 
 
+@dataclass
+class _Tracked:
+    owner: str
+    hub_model_id: str
+    future: Future
+    info: dict[str, Any] = field(default_factory=dict)
+    finished_at: float | None = None
+
+
+class UploadTracker:
+    """Background uploads by id, each visible to the owner that started it only.
+
+    Args:
+        keep_s: Seconds a finished upload's status stays available.
+        clock: Wall-clock seconds (tests pass a fake one).
+    """
+
+    def __init__(self, keep_s: float = 3600.0, clock=time.time) -> None:
+        self.keep_s, self.clock = keep_s, clock
+        self._uploads: dict[str, _Tracked] = {}
+        self._lock = threading.Lock()
+
+    def start(self, owner: str, hub_model_id: str, future: Future, **info: Any) -> dict[str, Any]:
+        """Track ``future`` (an ``upload_to_hub(..., async_upload=True)``); returns its status.
+
+        ``info`` is reported with every status (e.g. whose token it uses)."""
+        upload_id = uuid.uuid4().hex
+        tracked = _Tracked(owner, hub_model_id, future, dict(info))
+        future.add_done_callback(lambda _: setattr(tracked, "finished_at", self.clock()))
+        with self._lock:
+            self._purge()
+            self._uploads[upload_id] = tracked
+        return self._status(upload_id, tracked)
+
+    def status(self, owner: str, upload_id: str) -> dict[str, Any] | None:
+        """The upload's status, or ``None`` for an unknown id or another owner's upload:
+        ``status`` is ``started``, ``uploaded`` (with ``files`` and ``url``) or ``failed``
+        (with ``error``)."""
+        with self._lock:
+            self._purge()
+            tracked = self._uploads.get(upload_id)
+        if tracked is None or tracked.owner != owner:
+            return None
+        return self._status(upload_id, tracked)
+
+    def _status(self, upload_id: str, tracked: _Tracked) -> dict[str, Any]:
+        status = {"upload_id": upload_id, "hub_model_id": tracked.hub_model_id, **tracked.info}
+        future = tracked.future
+        if not future.done():
+            return {**status, "status": "started"}
+        error = future.exception()
+        if error is None:
+            result = future.result()
+            return {**status, "status": "uploaded", "files": list(result.files), "url": result.url}
+        return {**status, "status": "failed", "error": describe_failure(error)}
+
+    def _purge(self) -> None:
+        now = self.clock()
+        for upload_id, tracked in list(self._uploads.items()):
+            if tracked.finished_at is not None and now - tracked.finished_at > self.keep_s:
+                del self._uploads[upload_id]
+
+
+def describe_failure(error: BaseException) -> str:
+    """What a failed upload reports: our own errors' messages as they are, others' first line
+    with their type."""
+    if isinstance(error, TwinkleError):
+        return str(error)
+    first = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
 __all__ = [
+    "CONNECT_TIMEOUT_S",
     "ENDPOINT_ENV",
     "REQUIRED_FILES",
     "TOKEN_ENV",
     "UPLOADED_FILES",
     "HubUpload",
+    "HubUnreachableError",
     "HubUploadError",
+    "UploadTracker",
     "adapter_files",
+    "check_reachable",
+    "describe_failure",
     "hub_username",
     "upload_to_hub",
 ]

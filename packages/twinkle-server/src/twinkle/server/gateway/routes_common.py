@@ -125,15 +125,54 @@ def create_common_router(ctx: ServerContext, backends: Backends) -> APIRouter:
         await unload_session_adapters(backends, session_id)
         return {"session_id": session_id, "finished": True}
 
+    @router.get("/capacity_info")
+    async def capacity_info(request: Request) -> dict:
+        """Adapter slots of every trainable base model, and their sums."""
+        owner = ctx.authenticate(request.headers)
+        models = {
+            name: await client.call(owner, "capacity_info", {})
+            for name, client in backends.models.items()
+        }
+        totals = {
+            key: sum(m[key] for m in models.values())
+            for key in ("max_loras", "used_loras", "free_loras")
+        }
+        return {**totals, "models": models}
+
     @router.get("/training_runs")
     async def list_runs(
-        request: Request, limit: int = Query(20, ge=0, le=1000), offset: int = Query(0, ge=0)
+        request: Request,
+        limit: int = Query(20, ge=0, le=1000),
+        offset: int = Query(0, ge=0),
+        all_users: bool = Query(False),
     ) -> dict:
+        # There are no administrator keys: ``all_users`` (ModelScope Twinkle's flag) answers the
+        # caller's own runs, as without it; ``scope`` says so.
         owner = ctx.authenticate(request.headers)
         runs, total = state.list_runs(owner, limit=limit, offset=offset)
         return {
             "training_runs": [run_to_wire(r) for r in runs],
             "cursor": {"offset": offset, "limit": limit, "total_count": total},
+            "scope": "own",
+        }
+
+    @router.get("/checkpoint_info")
+    async def checkpoint_info(request: Request, twinkle_path: str = Query(...)) -> dict:
+        """What a ``twinkle://`` path holds: the caller's own checkpoint or a published one."""
+        owner = ctx.authenticate(request.headers)
+        path = twinkle_path
+        record = state.resolve_checkpoint_path(owner, path, allow_public=True)
+        run = state.get_run(record.owner, record.training_run_id)
+        return {
+            "training_run_id": run.training_run_id,
+            "base_model": run.base_model,
+            "model_owner": run.owner,
+            "is_lora": run.is_lora,
+            "lora_rank": run.lora_rank,
+            "lora_config": run.lora_config or None,
+            "checkpoint_id": record.checkpoint_id,
+            "checkpoint_type": record.kind,
+            "twinkle_path": record.path,
         }
 
     @router.get("/training_runs/{run_id}")

@@ -51,10 +51,9 @@ def create_backend(
         return MultiLoraTransformersModel(model_id=model_id, **kwargs)
     if backend == "mock":
         from twinkle.model import MockModel
-        from twinkle.sampler.mock_sampler import _vocab_size
 
         # The vocabulary of the model id's tokenizer, so real tokenized data fits the mock model.
-        return MockModel(model_id=model_id, vocab_size=_vocab_size(model_id))
+        return MockModel.for_model(model_id)
     if backend == "megatron":
         try:
             import megatron.core  # noqa: F401

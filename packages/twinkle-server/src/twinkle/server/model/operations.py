@@ -7,14 +7,19 @@ validated request of :mod:`twinkle.server.model.protocol`, and return plain JSON
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from twinkle.model.checkpoint import TRAINER_STATE
 from twinkle.model.protocol import AdamParams
 from twinkle.server.encoding import jsonable
-from twinkle.server.errors import BadRequest
+from twinkle.server.errors import BadRequest, NotFound
 from twinkle.server.images import check_request_images
 from twinkle.server.model import protocol as p
 from twinkle.server.model.adapter_upload import upload_adapter
@@ -24,6 +29,10 @@ from twinkle.server.state import validate_checkpoint_name
 if TYPE_CHECKING:
     from twinkle.server.model.service import ModelService
 
+logger = logging.getLogger("twinkle.server.model")
+
+PROGRESS_KEYS = ("cur_step", "consumed_train_samples", "micro_step", "adapter_name", "base_model")
+DEFAULT_HUB_ENDPOINT = "https://www.modelscope.cn"
 _LOSS_EXTRAS = ("advantages", "old_logprobs", "ref_logprobs", "weights")
 _FLOAT_KEYS = (*_LOSS_EXTRAS, "pixel_values")
 
@@ -49,6 +58,12 @@ def decode_inputs(inputs: Any) -> list[Any]:
     return decoded
 
 
+# Fields of a feature that are not token grids: a sampled sequence's ``new_input_feature`` carries
+# the conversation and the row's data beside its ids. The backends read them (rewards, templates)
+# or ignore them; they never become tensors.
+_PASSTHROUGH_KEYS = frozenset({"messages", "user_data", "tools", "extra", "images", "videos"})
+
+
 def _decode_feature(i: int, item: dict[str, Any]) -> dict[str, Any]:
     feature = {}
     for key, value in item.items():
@@ -58,6 +73,9 @@ def _decode_feature(i: int, item: dict[str, Any]) -> dict[str, Any]:
                     value, dtype=np.float32 if key in _FLOAT_KEYS else np.int64
                 )
             except (TypeError, ValueError, OverflowError) as exc:
+                if key in _PASSTHROUGH_KEYS:  # e.g. a sampled new_input_feature's messages
+                    feature[key] = value
+                    continue
                 raise BadRequest(f"inputs[{i}].{key}: not a list of numbers") from exc
         else:
             feature[key] = value
@@ -179,7 +197,7 @@ def get_train_configs(service: ModelService, call: Call, request: p.Empty):
 def save(service: ModelService, call: Call, request: p.Save):
     entry = service.entry(call)
     name = validate_checkpoint_name(request.name)
-    kind = "sampler_weights" if request.kind == "sampler" else "weights"
+    kind = "sampler_weights" if request.for_sampler else "weights"
     target = service.registry.checkpoint_dir(entry.owner, entry.run_id, kind, name)
     service.model.save(
         name,
@@ -191,30 +209,128 @@ def save(service: ModelService, call: Call, request: p.Save):
     return {"path": service.registry.add_checkpoint(entry.owner, entry.run_id, kind, name)}
 
 
-def _from_checkpoint(method: str) -> Callable:
-    def handler(service: ModelService, call: Call, request: p.FromCheckpoint):
-        directory = service.registry.resolve_checkpoint(call.owner, request.target)
-        result = getattr(service.model, method)(str(directory), adapter_name=call.internal)
-        return jsonable(result) or {"ok": True}
+def load(service: ModelService, call: Call, request: p.FromCheckpoint):
+    """Weights only; with ``load_optimizer``, the whole training state (``resume``'s work)."""
+    directory = str(service.registry.resolve_checkpoint(call.owner, request.target))
+    if request.resume_only_model:
+        raise BadRequest("load: resume_only_model belongs to resume_from_checkpoint")
+    if request.load_optimizer:
+        service.model.resume_from_checkpoint(directory, adapter_name=call.internal)
+    else:
+        service.model.load(directory, adapter_name=call.internal)
+    return {"ok": True}
 
-    return handler
+
+def resume_from_checkpoint(service: ModelService, call: Call, request: p.FromCheckpoint):
+    """Everything back; with ``resume_only_model``, the weights and the stored progress only."""
+    directory = str(service.registry.resolve_checkpoint(call.owner, request.target))
+    if not request.resume_only_model:
+        result = service.model.resume_from_checkpoint(directory, adapter_name=call.internal)
+        return jsonable(result) or {"ok": True}
+    service.model.load(directory, adapter_name=call.internal)
+    return stored_progress(directory)
+
+
+def stored_progress(directory: str) -> dict[str, Any]:
+    """The progress a checkpoint stores (``cur_step``, ``consumed_train_samples``, ...).
+
+    Raises:
+        BadRequest: The checkpoint stores none (a sampler checkpoint).
+    """
+    state = Path(directory) / TRAINER_STATE
+    if not state.is_file():
+        raise BadRequest("this checkpoint stores no training progress (a sampler checkpoint?)")
+    saved = json.loads(state.read_text(encoding="utf-8"))
+    return {key: saved[key] for key in PROGRESS_KEYS if key in saved}
+
+
+def get_state_dict(service: ModelService, call: Call, request: p.Empty):
+    """The adapter's weights as ``{key: {"shape": [...], "data": [flat float32 values]}}``."""
+    method = getattr(service.model, "get_state_dict", None)
+    if method is None:
+        raise BadRequest(
+            f"this server's {type(service.model).__name__} backend has no get_state_dict"
+        )
+    state = method(adapter_name=call.internal)
+    wire = {}
+    for key, tensor in state.items():
+        values = np.asarray(tensor.float().cpu() if hasattr(tensor, "cpu") else tensor)
+        values = values.astype(np.float32)
+        wire[key] = {"shape": list(values.shape), "data": values.ravel().tolist()}
+    return wire
+
+
+def add_metric(service: ModelService, call: Call, request: p.AddMetric):
+    method = getattr(service.model, "add_metric", None)
+    if method is None:
+        raise BadRequest(f"this server's {type(service.model).__name__} backend has no add_metric")
+    kwargs = request.kwargs()
+    method(kwargs.pop("metric_cls"), adapter_name=call.internal, **kwargs)
+    return {"ok": True}
 
 
 def upload_to_hub(service: ModelService, call: Call, request: p.UploadToHub):
-    """One of the caller's own checkpoints (never a published one of another tenant) to the hub,
-    with the token :meth:`~twinkle.server.hub.HubPublisher.token_for` picks."""
+    """Start uploading one of the caller's own checkpoints (never a published one of another
+    tenant) to the hub in the background; returns the upload's status (``upload_status``).
+
+    The token is the request's ``hub_token``, else the one
+    :meth:`~twinkle.server.hub.HubPublisher.token_for` picks. Everything that can be checked
+    at once is, before anything starts: the checkpoint, the token, that the hub answers."""
+    from twinkle.hub.upload import adapter_files, check_reachable
+    from twinkle.hub.upload import upload_to_hub as start_upload
+    from twinkle.server.hub import HubToken
+
     directory = service.registry.resolve_checkpoint(
         call.owner, request.checkpoint_dir, allow_public=False
     )
-    token = service.hub.token_for(call.presented_key)
-    return service.hub.upload(
+    adapter_files(directory)
+    if request.hub_token:
+        token = HubToken(request.hub_token.strip(), "request")
+        check_reachable(_hub_endpoint(service.hub.endpoint))
+    else:
+        token = service.hub.token_for(call.presented_key)  # asks the hub: fails if unreachable
+    future = start_upload(
         directory,
         request.hub_model_id,
-        token,
-        async_upload=request.async_upload,
-        private=request.private,
+        token=token.token,
+        async_upload=True,
+        endpoint=service.hub.endpoint,
+        private=service.hub.private if request.private is None else request.private,
         commit_message=request.commit_message,
     )
+    future.add_done_callback(lambda f: _log_upload(request.hub_model_id, f))
+    return service.uploads.start(call.owner, request.hub_model_id, future, token=token.source)
+
+
+def upload_status(service: ModelService, call: Call, request: p.UploadStatus):
+    status = service.uploads.status(call.owner, request.upload_id)
+    if status is None:
+        raise NotFound(f"no upload {request.upload_id!r} of this API key on this model server")
+    return status
+
+
+def _hub_endpoint(configured: str | None) -> str:
+    from twinkle.hub.upload import ENDPOINT_ENV
+
+    return configured or os.environ.get(ENDPOINT_ENV) or DEFAULT_HUB_ENDPOINT
+
+
+def _log_upload(hub_model_id: str, future: Any) -> None:
+    error = future.exception()
+    if error is None:
+        logger.info("uploaded to the hub: %s", hub_model_id)
+    else:
+        logger.warning("upload to the hub failed: %s: %s", hub_model_id, error)
+
+
+def capacity_info(service: ModelService, call: Call, request: p.Empty):
+    """Adapter slots of this model: ``max_loras`` on the device, ``used_loras`` taken."""
+    used = len(service.adapters)
+    return {
+        "max_loras": service.max_loras,
+        "used_loras": used,
+        "free_loras": max(0, service.max_loras - used),
+    }
 
 
 def optim_step(service: ModelService, call: Call, request: p.OptimStep):
@@ -260,13 +376,11 @@ def native_operations() -> OperationTable:
             op("calculate_metric", p.CalculateMetric, calculate_metric),
             op("get_train_configs", p.Empty, get_train_configs),
             op("save", p.Save, save),
-            op("load", p.FromCheckpoint, _from_checkpoint("load")),
+            op("load", p.FromCheckpoint, load),
             op("upload_adapter", p.UploadAdapter, upload_adapter),
-            op(
-                "resume_from_checkpoint",
-                p.FromCheckpoint,
-                _from_checkpoint("resume_from_checkpoint"),
-            ),
+            op("resume_from_checkpoint", p.FromCheckpoint, resume_from_checkpoint),
+            op("get_state_dict", p.Empty, get_state_dict),
+            op("add_metric", p.AddMetric, add_metric),
             op(
                 "upload_to_hub",
                 p.UploadToHub,
@@ -274,6 +388,8 @@ def native_operations() -> OperationTable:
                 off_queue=True,
                 uses_caller_key=True,
             ),
+            op("upload_status", p.UploadStatus, upload_status, off_queue=True),
+            op("capacity_info", p.Empty, capacity_info, off_queue=True),
         ]
     )
 

@@ -18,7 +18,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from twinkle.server.errors import BadRequest, NotFound
 
@@ -71,6 +78,9 @@ class AddAdapter(Request):
     training_run_id: str | None = None
     model_seq_id: int = 0
     user_metadata: dict[str, Any] = Field(default_factory=dict)
+    # ModelScope Twinkle's client sends where it wants checkpoints; the server keeps a tenant's
+    # checkpoints in its own storage, so the value is accepted and not used.
+    save_dir: str | None = None
 
     @property
     def rank(self) -> int:
@@ -84,7 +94,14 @@ class _ByName(OpenRequest):
     """A ``set_*`` call: the component is given by its registered name, never as code."""
 
     @field_validator(
-        "template", "processor", "loss", "optimizer", "scheduler", mode="before", check_fields=False
+        "template",
+        "processor",
+        "loss",
+        "optimizer",
+        "scheduler",
+        "metric_cls",
+        mode="before",
+        check_fields=False,
     )
     @classmethod
     def _a_name(cls, value: Any, info: Any) -> Any:
@@ -138,13 +155,28 @@ class CalculateMetric(Request):
 class Save(Request):
     name: str = ""
     kind: Literal["weights", "sampler"] | None = None
+    is_sampler: bool = False
     save_optimizer: bool = False
     consumed_train_samples: int | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _sampler_weights_only(self) -> Save:
+        if self.save_optimizer and (self.is_sampler or self.kind == "sampler"):
+            raise ValueError(
+                "a sampler checkpoint (is_sampler=True) holds weights only: drop save_optimizer"
+            )
+        return self
+
+    @property
+    def for_sampler(self) -> bool:
+        return self.is_sampler or self.kind == "sampler"
 
 
 class FromCheckpoint(Request):
     path: str = ""
     checkpoint_dir: str = ""
+    load_optimizer: bool = False  # load: the whole training state, as resume_from_checkpoint
+    resume_only_model: bool = False  # resume_from_checkpoint: weights and progress only
 
     @property
     def target(self) -> str:
@@ -160,13 +192,36 @@ class UploadAdapter(Request):
 
 
 class UploadToHub(Request):
-    """Upload one of the caller's own ``twinkle://`` checkpoints to the ModelScope hub."""
+    """Upload one of the caller's own ``twinkle://`` checkpoints to the ModelScope hub, in the
+    background (``hub_token``: a ModelScope token for this upload only)."""
 
     checkpoint_dir: str = Field(min_length=1)
     hub_model_id: str = Field(min_length=3)
-    async_upload: bool = False
+    hub_token: str | None = Field(None, repr=False)
+    async_upload: bool = False  # the upload always runs in the background; kept for old clients
     private: bool | None = None
     commit_message: str | None = None
+
+    @field_validator("checkpoint_dir", mode="before")
+    @classmethod
+    def _path_of_a_save_reply(cls, value: Any) -> Any:
+        # ModelScope Twinkle's clients may send save()'s whole reply instead of its path.
+        if isinstance(value, dict) and isinstance(value.get("twinkle_path"), str):
+            return value["twinkle_path"]
+        return value
+
+
+class UploadStatus(Request):
+    """The status of one of the caller's background hub uploads."""
+
+    upload_id: str = Field(min_length=1)
+
+
+class AddMetric(_ByName):
+    """A metric by registered name, for training steps, evaluation or both (``None``)."""
+
+    metric_cls: str
+    is_training: bool | None = None
 
 
 class OptimStep(Request):
@@ -264,6 +319,7 @@ def _describe(exc: ValidationError) -> str:
 
 __all__ = [
     "AddAdapter",
+    "AddMetric",
     "Call",
     "CalculateLoss",
     "CalculateMetric",
@@ -283,5 +339,6 @@ __all__ = [
     "SetTemplate",
     "Training",
     "UploadAdapter",
+    "UploadStatus",
     "UploadToHub",
 ]

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from twinkle.hub.upload import UploadTracker
 from twinkle.model.protocol import capabilities_of
 from twinkle.server.encoding import jsonable
 from twinkle.server.errors import (
@@ -128,6 +129,7 @@ class ModelService:
     ) -> None:
         self.model = model
         self.hub = hub or HubPublisher()
+        self.uploads = UploadTracker()  # this replica's background hub uploads
         self.operations = operations or native_operations()
         self.capabilities = capabilities_of(model)
         self.base_model = base_model

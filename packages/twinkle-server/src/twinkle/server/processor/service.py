@@ -191,6 +191,7 @@ class ProcessorService:
             batched=bool(payload.get("batched", True)),
             num_proc=self._num_proc(payload),
             load_from_cache_file=bool(payload.get("load_from_cache_file", True)),
+            add_generation_prompt=bool(payload.get("add_generation_prompt", False)),
         )
         return self._summary(None, dataset)
 
