@@ -180,6 +180,7 @@ def test_a_sampled_feature_trains_with_its_messages_and_user_data(server):
                         {"role": "assistant", "content": "4"},
                     ],
                     "user_data": [["answer", "4"]],
+                    "tools": [],
                 }
                 for f in bare
             ]

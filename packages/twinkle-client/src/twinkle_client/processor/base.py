@@ -14,7 +14,10 @@ RETURN_TENSORS = ("pt", "np")
 
 # Keys built here, and per-sample metadata that is not a model input.
 _BUILT_KEYS = ("input_ids", "labels", "attention_mask", "position_ids")
-_SKIPPED_KEYS = ("length",)
+#: Fields of a sample that are not token grids: a sampled ``new_input_feature`` carries its
+#: conversation and the row's data beside the ids (rewards read them); they never become tensors.
+CONVERSATION_KEYS = ("messages", "user_data", "tools", "extra", "images", "videos")
+_SKIPPED_KEYS = ("length", *CONVERSATION_KEYS)
 #: Image inputs: per-sample arrays joined along their first axis (patches, images) in sample
 #: order, as Qwen-VL models take them; a sample without images adds nothing.
 IMAGE_KEYS = ("pixel_values", "image_grid_thw")

@@ -25,6 +25,7 @@ from twinkle.server.model import protocol as p
 from twinkle.server.model.adapter_upload import upload_adapter
 from twinkle.server.model.protocol import Call, Operation, OperationTable
 from twinkle.server.state import validate_checkpoint_name
+from twinkle_client.processor.base import CONVERSATION_KEYS
 
 if TYPE_CHECKING:
     from twinkle.server.model.service import ModelService
@@ -58,24 +59,22 @@ def decode_inputs(inputs: Any) -> list[Any]:
     return decoded
 
 
-# Fields of a feature that are not token grids: a sampled sequence's ``new_input_feature`` carries
-# the conversation and the row's data beside its ids. The backends read them (rewards, templates)
-# or ignore them; they never become tensors.
-_PASSTHROUGH_KEYS = frozenset({"messages", "user_data", "tools", "extra", "images", "videos"})
+# A sampled sequence's ``new_input_feature`` carries its conversation and the row's data beside
+# its ids: passed on as they are (the collate leaves them out), never decoded as numbers.
+_PASSTHROUGH_KEYS = frozenset(CONVERSATION_KEYS)
 
 
 def _decode_feature(i: int, item: dict[str, Any]) -> dict[str, Any]:
     feature = {}
     for key, value in item.items():
-        if isinstance(value, list):
+        if key in _PASSTHROUGH_KEYS:
+            feature[key] = value
+        elif isinstance(value, list):
             try:
                 feature[key] = np.asarray(
                     value, dtype=np.float32 if key in _FLOAT_KEYS else np.int64
                 )
             except (TypeError, ValueError, OverflowError) as exc:
-                if key in _PASSTHROUGH_KEYS:  # e.g. a sampled new_input_feature's messages
-                    feature[key] = value
-                    continue
                 raise BadRequest(f"inputs[{i}].{key}: not a list of numbers") from exc
         else:
             feature[key] = value
