@@ -130,3 +130,58 @@ def _length(feature: Mapping[str, Any]) -> int:
 
 
 __all__ = ["pack_features", "pack_lengths", "pack_stream"]
+
+
+class PackedRows:
+    """Reads a dataset as packed rows once it is encoded: mixed in before the local or remote
+    ``Dataset``, whose ``__getitems__`` returns the samples. The class defines ``pack_dataset``,
+    which fills ``self._packs`` (sample indices per packed row)."""
+
+    _packs: list[list[int]] | None
+    _encoded: Any
+    _CHUNK = 64  # packed rows read per request while iterating
+
+    def pack_dataset(self) -> None:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return len(self._packed()) if self._encoded else super().__len__()  # type: ignore[misc]
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        """Packed row ``index`` once encoded, otherwise row ``index``."""
+        if not self._encoded:
+            return super().__getitem__(index)  # type: ignore[misc]
+        if not isinstance(index, int):
+            raise TypeError(f"Dataset indices must be int, got {type(index)!r}")
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"index {index} out of range for {len(self)} packed rows")
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        """Many (packed) rows, their samples read in one go."""
+        if not self._encoded:
+            return super().__getitems__(indices)  # type: ignore[misc]
+        packs = self._packed()
+        groups = [packs[i] for i in indices]
+        samples = super().__getitems__([i for group in groups for i in group])  # type: ignore[misc]
+        out: list[dict[str, Any]] = []
+        start = 0
+        for group in groups:
+            out.append(pack_features(samples[start : start + len(group)]))
+            start += len(group)
+        return out
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if not self._encoded:
+            yield from super().__iter__()  # type: ignore[misc]
+            return
+        for start in range(0, len(self), self._CHUNK):
+            yield from self.__getitems__(range(start, min(start + self._CHUNK, len(self))))
+
+    def _packed(self) -> list[list[int]]:
+        if self._packs is None:
+            self.pack_dataset()
+        assert self._packs is not None
+        return self._packs

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from twinkle.dataset.base import Dataset
 from twinkle.dataset.meta import DatasetMeta
-from twinkle_client.dataset._packing import pack_features, pack_lengths
-
-_CHUNK = 64
+from twinkle_client.dataset._packing import PackedRows, pack_lengths
 
 
-class PackingDataset(Dataset):
+class PackingDataset(PackedRows, Dataset):
     """A ``Dataset`` that, once encoded, reads as packed rows.
 
     After ``encode``, samples are grouped (best-fit decreasing over their lengths) into rows of
@@ -62,44 +60,3 @@ class PackingDataset(Dataset):
         super().filter(fn, load_from_cache_file, num_proc, init_args)
         self._packs = None
         return self
-
-    def __len__(self) -> int:
-        return len(self._packed()) if self._encoded else super().__len__()
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        """Packed row ``index`` once encoded, otherwise row ``index``."""
-        if not self._encoded:
-            return super().__getitem__(index)
-        if not isinstance(index, int):
-            raise TypeError(f"Dataset indices must be int, got {type(index)!r}")
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError(f"index {index} out of range for {len(self)} packed rows")
-        return self.__getitems__([index])[0]
-
-    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
-        """Many (packed) rows in one read."""
-        if not self._encoded:
-            return super().__getitems__(indices)
-        packs = self._packed()
-        groups = [packs[i] for i in indices]
-        samples = super().__getitems__([i for group in groups for i in group])
-        out, start = [], 0
-        for group in groups:
-            out.append(pack_features(samples[start : start + len(group)]))
-            start += len(group)
-        return out
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        if not self._encoded:
-            yield from super().__iter__()
-            return
-        for start in range(0, len(self), _CHUNK):
-            yield from self.__getitems__(range(start, min(start + _CHUNK, len(self))))
-
-    def _packed(self) -> list[list[int]]:
-        if self._packs is None:
-            self.pack_dataset()
-        assert self._packs is not None
-        return self._packs
