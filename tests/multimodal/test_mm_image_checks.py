@@ -136,3 +136,39 @@ def test_rendering_for_sampler_replicas_keeps_the_images(vl_template):
     assert _render(vl_template, {"messages": [{"role": "user", "content": "hi"}]}) == list(
         vl_template.encode({"messages": [{"role": "user", "content": "hi"}]}, True)["input_ids"]
     )
+
+
+def test_an_image_feature_becomes_a_datum_with_image_chunks_the_server_lays_out_alike():
+    """ModelScope Twinkle's Tinker multimodal script: LazyDataset rows -> input_feature_to_datum.
+    Each run of image tokens becomes an ImageChunk of the row's image file; the server's layout
+    of that datum gives back the very tokens and pixels the dataset encoded."""
+    from twinkle.data_format import Message, Trajectory
+    from twinkle.dataset import DatasetMeta, LazyDataset
+    from twinkle.server.common import input_feature_to_datum
+    from twinkle.server.tinker.images import prompt_inputs
+
+    rows = [{"image": _png(draw("square", "blue", size=48)), "text": "x^2"}]
+    dataset = LazyDataset(DatasetMeta(data=rows))
+    dataset.set_template("Qwen3_5Template", model_id=VL_MODEL, max_length=256)
+    dataset.map(
+        lambda row: Trajectory(
+            messages=[
+                Message(role="user", content="<image>Read it.", images=[row["image"]]),
+                Message(role="assistant", content=row["text"]),
+            ]
+        )
+    )
+    dataset.encode()
+    feature = dataset[0]
+    assert feature["images"] == [rows[0]["image"]]
+    datum = input_feature_to_datum(feature)
+    kinds = [chunk.type for chunk in datum.model_input.chunks]
+    assert kinds == ["encoded_text", "image", "encoded_text"]
+    assert datum.model_input.length == len(feature["input_ids"]) - 1
+    prompt = datum.model_input.model_dump(mode="json")
+    tokens, images = prompt_inputs(prompt, VL_MODEL)
+    assert tokens == feature["input_ids"][:-1].tolist()
+    np.testing.assert_allclose(images["pixel_values"], feature["pixel_values"], atol=1e-6)
+    # Pixels without their files cannot become a datum: said, not guessed.
+    with pytest.raises(ValueError, match="image file"):
+        input_feature_to_datum({k: v for k, v in feature.items() if k != "images"})

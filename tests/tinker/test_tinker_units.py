@@ -122,3 +122,23 @@ def test_init_tinker_client_is_idempotent_and_accepts_twinkle_paths(monkeypatch)
     from tinker.lib._auth_token_provider import ApiKeyAuthProvider
 
     assert ApiKeyAuthProvider("plain-key").api_key == "tml-plain-key"
+
+
+def test_init_tinker_compat_client_fails_fast_on_an_unreachable_server(monkeypatch):
+    """ModelScope Twinkle's ``init_tinker_compat_client``: a ServiceClient for a reachable
+    server; an unreachable one is a clear error at once (the SDK would retry for minutes)."""
+    import socket
+    import time
+
+    from twinkle_client import init_tinker_compat_client
+
+    monkeypatch.delenv("TINKER_BASE_URL", raising=False)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]  # bound, never listening: connections are refused
+        start = time.monotonic()
+        with pytest.raises(
+            ConnectionError, match=f"cannot reach the Tinker server at http://127.0.0.1:{closed}"
+        ):
+            init_tinker_compat_client(base_url=f"http://127.0.0.1:{closed}", api_key="k")
+        assert time.monotonic() - start < 10

@@ -10,7 +10,7 @@ import importlib
 from typing import Any
 
 from twinkle_client._version import __version__
-from twinkle_client.tinker_compat import init_tinker_client
+from twinkle_client.tinker_compat import init_tinker_client, init_tinker_compat_client
 
 # Loaded on first use so that ``import twinkle_client`` stays fast (httpx and pydantic load
 # with the first name that needs them).
@@ -19,7 +19,7 @@ _LAZY = {
     "TwinkleClient": "twinkle_client.client",
 }
 
-__all__ = ["__version__", "init_tinker_client", *_LAZY]
+__all__ = ["__version__", "init_tinker_client", "init_tinker_compat_client", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

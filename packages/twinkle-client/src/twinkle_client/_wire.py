@@ -109,7 +109,10 @@ def _sample(item: Any, index: int) -> dict[str, Any]:
             )
         if "input_ids" not in item and "messages" not in item:
             raise ValueError(f"inputs[{index}] has neither input_ids nor messages")
-        return jsonable(dict(item))
+        item = dict(item)
+        if item.get("pixel_values") is not None:
+            item.pop("images", None)  # the image files of encoded pixels: the pixels go
+        return jsonable(item)
     raise TypeError(
         f"inputs[{index}] is a {type(item).__name__}: expected an InputFeature/dict, a Trajectory "
         "or a SampleResult"

@@ -15,8 +15,10 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import socket
 import uuid
 from typing import Any, overload
+from urllib.parse import urlsplit
 
 TINKER_PREFIX = "tml-"
 _PATCHED = "_twinkle_patched"
@@ -65,6 +67,37 @@ def init_tinker_client(base_url: str | None = None, api_key: str | None = None) 
     _patch_auth()
     _patch_paths()
     setattr(tinker, _PATCHED, True)
+
+
+def init_tinker_compat_client(
+    base_url: str | None = None, api_key: str | None = None, **kwargs: Any
+) -> Any:
+    """ModelScope Twinkle's spelling: :func:`init_tinker_client`, then a ``tinker.ServiceClient``
+    for ``base_url`` (``kwargs`` go to the ``ServiceClient``).
+
+    Returns:
+        The ``tinker.ServiceClient``.
+
+    Raises:
+        ConnectionError: The server cannot be reached (checked once, within seconds: the SDK
+            itself would retry for minutes).
+    """
+    init_tinker_client(base_url, api_key)
+    from tinker import ServiceClient
+
+    _check_reachable(os.environ.get("TINKER_BASE_URL"))
+    return ServiceClient(**kwargs)
+
+
+def _check_reachable(url: str | None, timeout_s: float = 5.0) -> None:
+    if not url:
+        return
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname or "", port), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ConnectionError(f"cannot reach the Tinker server at {url}: {exc}") from None
 
 
 def _patch_service_client() -> None:
@@ -211,4 +244,4 @@ def _first_path_arg(method):
     return wrapper
 
 
-__all__ = ["init_tinker_client", "tinker_api_key", "to_tinker_path"]
+__all__ = ["init_tinker_client", "init_tinker_compat_client", "tinker_api_key", "to_tinker_path"]

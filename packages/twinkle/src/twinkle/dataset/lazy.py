@@ -10,6 +10,7 @@ from twinkle.dataset._row_functions import encode_records, keeps, paired_columns
 from twinkle.dataset.base import Dataset
 from twinkle.dataset.meta import DatasetMeta
 from twinkle.preprocessor import get_preprocessor
+from twinkle_client.data_format import ImagePart
 
 _CHUNK = 256
 
@@ -141,7 +142,11 @@ class LazyDataset(Dataset):
                     "LazyDataset cannot drop it at read time (truncation_strategy='delete'): "
                     "use 'left' or 'right', or filter it out"
                 )
-        return [read_row(r, paired_columns(records[0]), True) for r in rows]
+        paired = paired_columns(records[0])
+        if paired is None:
+            for record, row in zip(records, rows):
+                _keep_image_files(record, row)
+        return [read_row(r, paired, True) for r in rows]
 
     def _preprocessed(self, position: int) -> dict[str, Any]:
         record = dict(self._data[position])
@@ -154,3 +159,21 @@ class LazyDataset(Dataset):
                 )
             record = out[0]
         return record
+
+
+def _keep_image_files(record: Mapping[str, Any], row: dict[str, Any]) -> None:
+    """Keep an image-text row's image files (PNG bytes, in order) beside their pixels: a Tinker
+    datum carries images as files (``input_feature_to_datum``). Rows read lazily only; the
+    trainer leaves the field out."""
+    if row.get("pixel_values") is None:
+        return
+    images = []
+    for message in record.get("messages") or []:
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if isinstance(content, list):
+            images += [ImagePart.model_validate(p).image_bytes() for p in content if _is_image(p)]
+    row["images"] = images
+
+
+def _is_image(part: Any) -> bool:
+    return isinstance(part, Mapping) and part.get("type") == "image"

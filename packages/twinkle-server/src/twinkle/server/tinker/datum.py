@@ -15,6 +15,7 @@ import numpy as np
 
 from twinkle.data_format import IGNORE_INDEX
 from twinkle.errors import InvalidArgumentError
+from twinkle_client.data_format import ImagePart
 
 
 def input_feature_to_datum(feature: Mapping[str, Any]) -> Any:
@@ -22,14 +23,17 @@ def input_feature_to_datum(feature: Mapping[str, Any]) -> Any:
 
     Args:
         feature: ``input_ids`` and ``labels`` of equal length (at least 2 tokens); a feature
-            without ``labels`` trains on every token.
+            without ``labels`` trains on every token. An image-text feature (``pixel_values``,
+            ``image_grid_thw``) also needs its ``images`` (the encoded files, in order, as a
+            ``LazyDataset`` keeps them): each run of image tokens becomes an ``ImageChunk``.
 
     Returns:
         A ``cross_entropy`` datum: ``model_input`` = ``input_ids[:-1]``, ``target_tokens`` =
         ``input_ids[1:]``, ``weights`` = 1.0 where ``labels[1:]`` is not -100.
 
     Raises:
-        ValueError: On fewer than 2 tokens or ``labels`` of another length.
+        ValueError: On fewer than 2 tokens, ``labels`` of another length, or an image-text
+            feature without its images.
     """
     from tinker import types
 
@@ -44,11 +48,64 @@ def input_feature_to_datum(feature: Mapping[str, Any]) -> Any:
         )
     weights_T = (labels_N[1:] != IGNORE_INDEX).astype(np.float32)
     return types.Datum(
-        model_input=types.ModelInput.from_ints(ids_N[:-1].tolist()),
+        model_input=_model_input(types, ids_N[:-1], feature),
         loss_fn_inputs={
             "target_tokens": types.TensorData.from_numpy(ids_N[1:].copy()),
             "weights": types.TensorData.from_numpy(weights_T),
         },
+    )
+
+
+# Qwen-VL models merge 2 x 2 patches into one image token.
+_MERGE_SQUARED = 4
+
+
+def _model_input(types: Any, ids_T: np.ndarray, feature: Mapping[str, Any]) -> Any:
+    """``ids_T`` as a ``ModelInput``: text chunks, and an ``ImageChunk`` for each image's run of
+    ``<|image_pad|>`` tokens (the server expands it back to that run)."""
+    grid = feature.get("image_grid_thw")
+    if grid is None:
+        return types.ModelInput.from_ints(ids_T.tolist())
+    tokens_I = np.asarray(grid, dtype=np.int64).reshape(-1, 3).prod(-1) // _MERGE_SQUARED
+    images = list(feature.get("images") or [])
+    if len(images) != len(tokens_I):
+        raise InvalidArgumentError(
+            f"this feature has {len(tokens_I)} image(s) encoded as pixel_values but "
+            f"{len(images)} image file(s) under 'images': a Tinker datum carries images as "
+            "files; encode with a LazyDataset (it keeps them) or pass the trajectory's images"
+        )
+    starts = _image_runs(ids_T, tokens_I)
+    chunks, at = [], 0
+    for start, count, image in zip(starts, tokens_I.tolist(), images):
+        if start > at:
+            chunks.append(types.EncodedTextChunk(tokens=ids_T[at:start].tolist()))
+        data = ImagePart(image=image).image_bytes()
+        chunks.append(types.ImageChunk(data=data, format="png", expected_tokens=count))
+        at = start + count
+    if at < len(ids_T):
+        chunks.append(types.EncodedTextChunk(tokens=ids_T[at:].tolist()))
+    return types.ModelInput(chunks=chunks)
+
+
+def _image_runs(ids_T: np.ndarray, tokens_I: np.ndarray) -> list[int]:
+    """Where each image's token run starts: the image token is the one id whose positions are
+    exactly runs of the images' token counts, in order."""
+    total = int(tokens_I.sum())
+    values, counts = np.unique(ids_T, return_counts=True)
+    for candidate in values[counts == total]:
+        positions = np.flatnonzero(ids_T == candidate)
+        starts, i = [], 0
+        for count in tokens_I.tolist():
+            run = positions[i : i + count]
+            if len(run) != count or run[-1] - run[0] != count - 1:
+                break
+            starts.append(int(run[0]))
+            i += count
+        else:
+            return starts
+    raise InvalidArgumentError(
+        f"input_ids hold no runs of image tokens of lengths {tokens_I.tolist()} (the images' "
+        "token counts from image_grid_thw)"
     )
 
 
