@@ -13,21 +13,21 @@ logger = get_logger()
 MODEL_ID = f"ms://{os.environ.get('TWINKLE_MODEL_ID', 'Qwen/Qwen3.5-4B')}"
 
 client = init_twinkle_client(
-    base_url=os.environ.get('TWINKLE_SERVER_URL', 'http://localhost:8000'),
-    api_key=os.environ.get('TWINKLE_SERVER_TOKEN', 'EMPTY_TOKEN'),
+    base_url=os.environ.get("TWINKLE_SERVER_URL", "http://localhost:8000"),
+    api_key=os.environ.get("TWINKLE_SERVER_TOKEN", "EMPTY_TOKEN"),
 )
 model = client.model(MODEL_ID)
-model.add_adapter_to_model('default', LoraConfig(target_modules='all-linear', r=8, lora_alpha=16))
-model.set_template('Qwen3_5Template', model_id=MODEL_ID)
-model.set_processor('InputProcessor')
-model.set_optimizer('Adam', lr=1e-3)
-path = model.save(name='sampler-weights', is_sampler=True)
+model.add_adapter_to_model("default", LoraConfig(target_modules="all-linear", r=8, lora_alpha=16))
+model.set_template("Qwen3_5Template", model_id=MODEL_ID)
+model.set_processor("InputProcessor")
+model.set_optimizer("Adam", lr=1e-3)
+path = model.save(name="sampler-weights", is_sampler=True)
 
 sampler = client.sampler(MODEL_ID)
-sampler.set_template('Qwen3_5Template', model_id=MODEL_ID)
+sampler.set_template("Qwen3_5Template", model_id=MODEL_ID)
 prompts = [
-    Trajectory(messages=[Message(role='user', content='Name a colour.')]),
-    Trajectory(messages=[Message(role='user', content='Count to three.')]),
+    Trajectory(messages=[Message(role="user", content="Name a colour.")]),
+    Trajectory(messages=[Message(role="user", content="Count to three.")]),
 ]
 params = SamplingParams(max_tokens=12, temperature=1.0, num_samples=2, logprobs=1, seed=7)
 responses = sampler.sample(inputs=prompts, sampling_params=params, adapter_uri=path.twinkle_path)
@@ -41,19 +41,19 @@ for response in responses:
             assert position[0][0] == token, (position, token)  # the sampled token comes first
             assert position[0][1] <= 0.0
         feature = sequence.new_input_feature
-        prompt_len = len(feature['input_ids']) - len(sequence.tokens)
-        assert list(feature['labels'][:prompt_len]) == [-100] * prompt_len
-        assert list(feature['labels'][prompt_len:]) == list(sequence.tokens)
-        assert feature['messages'][-1]['role'] == 'assistant'
+        prompt_len = len(feature["input_ids"]) - len(sequence.tokens)
+        assert list(feature["labels"][:prompt_len]) == [-100] * prompt_len
+        assert list(feature["labels"][prompt_len:]) == list(sequence.tokens)
+        assert feature["messages"][-1]["role"] == "assistant"
         features.append(feature)
         sampled.append([lp[0][1] for lp in sequence.logprobs])
 
 # The trainer scores the same tokens with the same weights: the same log-probs.
 scored = model.forward_only(inputs=features)
 worst = 0.0
-for row, expected in zip(scored.result['logprobs'], sampled):
+for row, expected in zip(scored.result["logprobs"], sampled):
     assert len(row) == len(expected)
     worst = max(worst, max(abs(a - b) for a, b in zip(row, expected)))
 assert worst < 2e-3, worst
-logger.info(f'sampling conformance passed: {len(features)} sequences, max |dlogprob| {worst:.2e}')
-assert math.isfinite(scored.result['loss'])
+logger.info(f"sampling conformance passed: {len(features)} sequences, max |dlogprob| {worst:.2e}")
+assert math.isfinite(scored.result["loss"])
