@@ -22,6 +22,18 @@ from twinkle.template import Template, get_template
 logger = get_logger("twinkle.dataset")
 
 
+def build_template(
+    template: Any, model_id: str | None, max_length: int | None, truncation: str, kwargs: dict
+) -> Template:
+    """The template ``set_template`` asked for (a name, class or ready instance)."""
+    kwargs = {**kwargs, "model_id": model_id, "max_length": max_length}
+    kwargs["truncation_strategy"] = truncation
+    if isinstance(template, Template):
+        # Only arguments the caller actually set are errors for a ready instance.
+        kwargs = {k: v for k, v in kwargs.items() if v not in (None, "raise")}
+    return get_template(template, **kwargs)
+
+
 class Dataset:
     """A map-style dataset backed by HF ``datasets`` (memory-mapped, cached, multi-process).
 
@@ -99,12 +111,7 @@ class Dataset:
             ValueError: For an unknown template name or truncation strategy.
             TypeError: If arguments are given together with a built instance.
         """
-        kwargs.update(model_id=model_id, max_length=max_length)
-        kwargs["truncation_strategy"] = truncation_strategy
-        if isinstance(template, Template):
-            # Only arguments the caller actually set are errors for a ready instance.
-            kwargs = {k: v for k, v in kwargs.items() if v not in (None, "raise")}
-        self._template = get_template(template, **kwargs)
+        self._template = build_template(template, model_id, max_length, truncation_strategy, kwargs)
         return self
 
     def map(

@@ -8,9 +8,10 @@ from typing import Any
 from twinkle.dataset._records import read_row
 from twinkle.dataset._row_functions import encode_records, keeps, paired_columns, preprocess_row
 from twinkle.dataset._sources import load_source
+from twinkle.dataset.base import build_template
 from twinkle.dataset.meta import DatasetMeta
 from twinkle.preprocessor import get_preprocessor
-from twinkle.template import Template, get_template
+from twinkle.template import Template
 from twinkle_client.dataset._packing import pack_stream
 
 
@@ -59,11 +60,7 @@ class IterableDataset:
         **kwargs: Any,
     ) -> IterableDataset:
         """Choose the chat template used by ``encode`` (arguments as ``Dataset.set_template``)."""
-        kwargs.update(model_id=model_id, max_length=max_length)
-        kwargs["truncation_strategy"] = truncation_strategy
-        if isinstance(template, Template):
-            kwargs = {k: v for k, v in kwargs.items() if v not in (None, "raise")}
-        self._template = get_template(template, **kwargs)
+        self._template = build_template(template, model_id, max_length, truncation_strategy, kwargs)
         return self
 
     def map(
