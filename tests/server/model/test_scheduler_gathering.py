@@ -61,12 +61,11 @@ def run_clients(fuse_wait_s: float, plan: dict[str, tuple]) -> Recorder:
 
 
 def test_clients_out_of_phase_are_gathered_into_one_pass():
-    # b starts half a pass after a: without gathering, b's forward_backward runs alone while a
-    # steps, and the two stay out of phase.
+    # b starts half a pass after a: without gathering, b's forward_backward would run alone
+    # while a steps. (Not asserted on the ungathered run: a loaded CI machine sometimes delays
+    # one client by half a pass and brings the two into phase by itself.)
     plan = {"a": (12, 0.0), "b": (12, FB_S / 2)}
-    apart = run_clients(0.0, plan).passes()
     gathered = run_clients(0.05, plan).passes()
-    assert len(apart) > 20  # nearly every pass ran one tenant
     both = [p for p in gathered if p == ("a", "b")]
     assert len(both) >= 10 and len(gathered) <= 14, gathered
 
