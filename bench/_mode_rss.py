@@ -3,8 +3,8 @@
 The timed modes share one process (and its allocator's history), so that process's peak says
 nothing about any one mode. Here every mode of a point runs in its own new Python process that
 builds only what the mode needs (fused and sliced: a Twinkle model with the N tenants; limit: one
-with the single adapter; peft: the ``PeftModel`` with the N adapters), runs ``steps`` steps and
-reports:
+with the single adapter; peft and peft_gc: the ``PeftModel`` with the N adapters, gradient
+checkpointing on for peft_gc), runs ``steps`` steps and reports:
 
 - ``peak_rss_mb``: the process's resident-set high-water mark (Linux ``VmHWM``, read from
   ``/proc/self/status``: ``getrusage``'s ``ru_maxrss`` also counts the parent's resident set at
@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-MODES = ("fused", "sliced", "limit", "peft")  # multi_tenant_train.MODES, without importing it
+# multi_tenant_train.MODES, without importing it (a bad request fails before the imports)
+MODES = ("fused", "sliced", "limit", "peft", "peft_gc")
 
 
 def rss_mb(field: str = "VmHWM") -> float | None:

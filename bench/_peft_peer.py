@@ -6,6 +6,12 @@ One ``peft.PeftModel`` on the same base holds every tenant's adapter (same rank,
 trained tokens) + backward + ``clip_grad_norm_(1.0)`` + its own torch AdamW step (same
 hyper-parameters and ``fused`` flag as Twinkle's tenants) + ``zero_grad``.
 
+With ``gradient_checkpointing=True`` (the ``peft_gc`` mode) the peer is what a Hugging Face + PEFT
+user gets from ``gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant":
+False})``: every decoder layer keeps only its input and recomputes its activations in backward.
+transformers checkpoints only in training mode, so that peer runs in ``train()`` (the tiny models'
+attention and LoRA dropout are 0, so the values do not change).
+
 The adapters start from the very weights Twinkle gives the same tenants (Twinkle seeds each
 adapter's initialisation per module, so they are regenerated here without a Twinkle model, which
 keeps a fresh process measuring this mode's memory free of a second base copy); the losses of
@@ -50,6 +56,21 @@ def twinkle_initial_state(
     return state
 
 
+def enable_gradient_checkpointing(base: torch.nn.Module) -> None:
+    """Turn on transformers' non-reentrant activation checkpointing of every decoder layer.
+
+    (Non-reentrant checkpointing needs no ``enable_input_require_grads``: it recomputes a layer
+    whether or not the layer's input requires grad; transformers 5 adds that hook anyway.)
+    """
+    kwargs = {"use_reentrant": False}
+    # Recent transformers name it so (gradient_checkpointing_enable: a deprecated alias).
+    enable = getattr(base, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 class PeftPeer:
     """One ``PeftModel`` holding the tenants ``configs`` names, each with its own AdamW.
 
@@ -61,6 +82,8 @@ class PeftPeer:
         fused: AdamW's ``fused`` flag (the other modes': ``True``).
         device: Where the model lives (CUDA when available unless given, as Twinkle's).
         seed: Twinkle's adapter-initialisation seed, so the weights start equal.
+        gradient_checkpointing: Recompute each decoder layer's activations in backward
+            (transformers' non-reentrant checkpointing), as the ``peft_gc`` mode runs.
     """
 
     def __init__(
@@ -71,6 +94,7 @@ class PeftPeer:
         fused: bool = True,
         device: str | torch.device | None = None,
         seed: int = 0,
+        gradient_checkpointing: bool = False,
     ) -> None:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         base = AutoModelForCausalLM.from_pretrained(
@@ -83,8 +107,13 @@ class PeftPeer:
         for name in names[1:]:
             self.model.add_adapter(name, configs[name])
         self.model.to(self.device)
-        # As Twinkle's base: eval mode (no dropout in the base), gradients only in the adapters.
-        self.model.eval()
+        self.gradient_checkpointing = gradient_checkpointing
+        if gradient_checkpointing:
+            enable_gradient_checkpointing(base)
+            self.model.train()  # transformers checkpoints a layer only in training mode
+        else:
+            # As Twinkle's base: eval mode (no dropout in the base), gradients only in the adapters.
+            self.model.eval()
         self.params = {name: self._load(name, initial[name]) for name in names}
         self.optimizers = {
             name: torch.optim.AdamW(params, lr=lr, fused=fused)

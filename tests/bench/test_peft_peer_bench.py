@@ -45,6 +45,33 @@ def test_peft_first_step_losses_equal_fused_in_fp32(bench):
         assert fused != first[name][0]
 
 
+def test_peft_gc_losses_equal_fused_and_its_layers_are_recomputed(bench):
+    # Gradient checkpointing changes no value: the checkpointed peer's losses equal fused too.
+    rounds = bench.check_peft(
+        "tiny://qwen3.5", ranks=(8, 32), rounds=2, gradient_checkpointing=True
+    )
+    for fused, peft in rounds[0].values():
+        assert abs(fused - peft) <= 1e-5 * abs(fused)
+    for name, (fused, peft) in rounds[1].items():
+        assert abs(fused - peft) <= 1e-5 * abs(fused) and fused != rounds[0][name][0]
+    # ... and it does recompute: a decoder layer's MLP runs again in backward (twice a step),
+    # where the plain peer runs it once.
+    runs = {}
+    for mode in bench.PEERS:
+        peer = bench.build_peer(
+            bench.resolve_model_dir("tiny://qwen3.5"),
+            ["t0"],
+            (8,),
+            gradient_checkpointing=mode == "peft_gc",
+        )
+        mlp = peer.model.get_base_model().model.layers[0].mlp
+        calls, forward = [], mlp.forward
+        mlp.forward = lambda x, forward=forward, calls=calls: calls.append(1) or forward(x)
+        peer.step({"t0": bench.make_batch(1, 16, seed=0)})
+        runs[mode] = len(calls)
+    assert runs == {"peft": 1, "peft_gc": 2}
+
+
 def test_the_peer_regenerates_twinkles_initial_weights_per_seed(bench):
     from _peft_peer import twinkle_initial_state
     from transformers import AutoModelForCausalLM
@@ -112,7 +139,7 @@ def test_a_failing_memory_run_names_the_mode_and_the_cause(bench):
     point = bench.Point("tiny://qwen3.5", (8,), batch=1, seq=16)
     with pytest.raises(RuntimeError, match="memory run of mode 'nope' failed") as info:
         _mode_rss.measure(point, ("nope",), steps=1, threads=1)
-    assert "mode must be one of fused, sliced, limit, peft" in str(info.value)
+    assert "mode must be one of fused, sliced, limit, peft, peft_gc" in str(info.value)
 
 
 def test_every_mode_builds_only_what_it_needs_and_steps(bench):
@@ -121,7 +148,9 @@ def test_every_mode_builds_only_what_it_needs_and_steps(bench):
     for mode in bench.MODES:
         holder, step = bench.mode_step(point, mode)
         step()
-        held = sorted(holder.optimizers if mode == "peft" else holder.tenants)
+        held = sorted(holder.optimizers if mode in bench.PEERS else holder.tenants)
         assert held == (["limit"] if mode == "limit" else ["t0", "t1"]), mode
-        if mode == "peft":
+        if mode in bench.PEERS:
             assert type(holder).__name__ == "PeftPeer"
+            assert holder.gradient_checkpointing == (mode == "peft_gc")
+            assert holder.model.training == (mode == "peft_gc")  # transformers: train() only

@@ -28,7 +28,7 @@ def test_values_and_gradients_equal_the_materialised_logits(chunk_bytes):
     targets[1, 3] = int((hidden[1, 3] @ weight.T).argmax())  # one certain argmax hit
     upstream = torch.randn(2, 24, generator=g)
 
-    got, hits = linear_token_logprobs(hidden, weight, targets, chunk_bytes=chunk_bytes)
+    got, hits, _ = linear_token_logprobs(hidden, weight, targets, chunk_bytes=chunk_bytes)
     (got * upstream).sum().backward()
     grads = hidden.grad.clone(), weight.grad.clone()
     hidden.grad = weight.grad = None
@@ -50,8 +50,32 @@ def test_a_frozen_head_gets_no_gradient_and_the_hidden_states_still_do():
     hidden = torch.randn(1, 8, 16, generator=g, requires_grad=True)
     weight = 0.05 * torch.randn(QWEN3_VOCAB, 16, generator=g)  # frozen, as a LoRA base's head
     targets = torch.randint(0, QWEN3_VOCAB, (1, 8), generator=g)
-    got, _ = linear_token_logprobs(hidden, weight, targets, chunk_bytes=4 * QWEN3_VOCAB * 3)
+    got, _, _ = linear_token_logprobs(hidden, weight, targets, chunk_bytes=4 * QWEN3_VOCAB * 3)
     got.sum().backward()
     expected, _ = _reference(hidden.detach().requires_grad_(), weight, targets)
     assert weight.grad is None and hidden.grad is not None
     torch.testing.assert_close(got.detach(), expected.detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_entropies_equal_the_softmax_entropy_and_the_frozen_head_gradient_is_exact():
+    g = torch.Generator().manual_seed(2)
+    hidden = torch.randn(2, 9, 16, generator=g, requires_grad=True)
+    weight = 0.3 * torch.randn(QWEN3_VOCAB, 16, generator=g)  # frozen: the expected-row backward
+    targets = torch.randint(0, QWEN3_VOCAB, (2, 9), generator=g)
+    targets[1, :2] = -100
+    upstream = torch.randn(2, 9, generator=g)
+    stats = linear_token_logprobs(
+        hidden, weight, targets, chunk_bytes=4 * QWEN3_VOCAB * 4, entropies=True
+    )
+    (stats.logprobs * upstream).sum().backward()
+    got_grad = hidden.grad.clone()
+    hidden.grad = None
+    logp = torch.log_softmax((hidden @ weight.T).float(), dim=-1)
+    want_entropy = -(logp.exp() * logp).sum(-1)
+    torch.testing.assert_close(stats.entropies, want_entropy.detach(), rtol=1e-5, atol=1e-5)
+    assert not stats.entropies.requires_grad
+    expected, _ = _reference(hidden, weight, targets)
+    (expected * upstream).sum().backward()
+    scale = float(hidden.grad.abs().max())
+    torch.testing.assert_close(got_grad, hidden.grad, rtol=1e-5, atol=1e-5 * scale)
+    assert linear_token_logprobs(hidden, weight, targets).entropies is None

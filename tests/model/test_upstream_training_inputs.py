@@ -77,13 +77,14 @@ def test_dpo_with_ref_outputs_equals_the_implicit_reference(dpo_rows):
 def test_reference_free_dpo_runs_no_reference_pass(dpo_rows, monkeypatch):
     m = _model(a=("DPOLoss", {"reference_free": True}))
     calls = []
-    original = m.model.forward
+    decoder = m.model.model  # every pass runs it, with or without materialised logits
+    original = decoder.forward
 
     def counting(*args, **kwargs):
         calls.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(m.model, "forward", counting)
+    monkeypatch.setattr(decoder, "forward", counting)
     m.forward_backward(dpo_rows)
     assert len(calls) == 1
 

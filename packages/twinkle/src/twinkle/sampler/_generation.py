@@ -60,12 +60,34 @@ class DecodeBatch:
             seen[b, self.ids_B_T[b, self.ids_B_T.shape[1] - length :]] = True
         return seen
 
-    def prompt_logprobs(self, logits_B_T_V: torch.Tensor) -> list[list[float | None]]:
-        """Per row, ``log p(prompt[t] | prompt[:t])``; ``None`` for the first token."""
+    def prompt_logprobs(
+        self,
+        logits_B_T_V: torch.Tensor | None = None,
+        *,
+        hidden_B_T_H: torch.Tensor | None = None,
+        head_V_H: torch.Tensor | None = None,
+        chunk_bytes: int | None = None,
+    ) -> list[list[float | None]]:
+        """Per row, ``log p(prompt[t] | prompt[:t])``; ``None`` for the first token. From the
+        prefill's logits, or logits-free from its last hidden states and the LM head (in chunks
+        of tokens: no ``[B, T, V]`` tensor)."""
         width = self.ids_B_T.shape[1]
-        lp_B_T = torch.log_softmax(logits_B_T_V[:, :-1].float(), dim=-1).gather(
-            2, self.ids_B_T[:, 1:, None]
-        )[..., 0]
+        if logits_B_T_V is not None:
+            lp_B_T = torch.log_softmax(logits_B_T_V[:, :-1].float(), dim=-1).gather(
+                2, self.ids_B_T[:, 1:, None]
+            )[..., 0]
+        else:
+            from twinkle.model.step.linear_logprobs import (
+                DEFAULT_CHUNK_BYTES,
+                linear_token_logprobs,
+            )
+
+            lp_B_T = linear_token_logprobs(
+                hidden_B_T_H[:, :-1],
+                head_V_H,
+                self.ids_B_T[:, 1:],
+                chunk_bytes or DEFAULT_CHUNK_BYTES,
+            ).logprobs
         out = []
         for b, length in enumerate(self.prompt_lens):
             values = lp_B_T[b, width - length :].tolist()

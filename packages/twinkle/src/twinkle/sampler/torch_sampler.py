@@ -177,9 +177,24 @@ class TorchSampler(Sampler):
         seen_B_V = batch.seen_tokens(vocab) if params.repetition_penalty != 1.0 else None
         generators = [torch.Generator().manual_seed(s) for s in seeds]
         stop_ids = self.stop_token_ids | set(params.stop_token_ids)
+        # Prompt log-probs alone (no prompt scores, which read whole rows of logits) come from
+        # the last hidden states and the LM head: the prefill keeps no [B, T, V] logits.
+        head = self._linear_head() if want_prompt and not want_scores else None
         with torch.no_grad(), self.router.route(_routes(adapters), vision_routes):
-            logits_B_T_V, cache = self._forward(batch, None, keep_all=want_prompt)
-            prompt_lps = batch.prompt_logprobs(logits_B_T_V) if want_prompt else [None] * len(rows)
+            if head is not None:
+                hidden_B_T_H, cache = self._prefill_hidden(batch)
+                logits_B_T_V = self.model.get_output_embeddings()(hidden_B_T_H[:, -1:])
+                prompt_lps = batch.prompt_logprobs(
+                    hidden_B_T_H=hidden_B_T_H,
+                    head_V_H=head,
+                    chunk_bytes=self.options.linear_chunk_bytes,
+                )
+                del hidden_B_T_H
+            else:
+                logits_B_T_V, cache = self._forward(batch, None, keep_all=want_prompt)
+                prompt_lps = (
+                    batch.prompt_logprobs(logits_B_T_V) if want_prompt else [None] * len(rows)
+                )
             scores = [
                 self._score_row(logits_B_T_V, b, len(row), params, seeds[b], vocab)
                 if want_scores
@@ -214,12 +229,35 @@ class TorchSampler(Sampler):
         width = logits_B_T_V.shape[1]
         return score_prompt(logits_B_T_V[b, width - length : width - 1], params, seed, vocab)
 
-    def _forward(self, batch: DecodeBatch, cache: Any, keep_all: bool) -> tuple[torch.Tensor, Any]:
+    def _linear_head(self) -> torch.Tensor | None:
+        """The LM head's weight where log-probs may skip the logits (see
+        :func:`twinkle.model.step.passes.linear_head`), unless the options turn that off."""
+        if not self.options.linear_logprobs:
+            return None
+        from twinkle.model.step.passes import linear_head
+
+        return linear_head(self.model)
+
+    def _prefill_hidden(self, batch: DecodeBatch) -> tuple[torch.Tensor, Any]:
+        """The prefill through the decoder alone: its last hidden states ``[B, T, H]`` and the
+        cache (the LM head is left to the caller)."""
+        decoder = getattr(self.model, self.model.base_model_prefix)
+        return self._forward(batch, None, keep_all=True, module=decoder)
+
+    def _forward(
+        self,
+        batch: DecodeBatch,
+        cache: Any,
+        keep_all: bool,
+        module: torch.nn.Module | None = None,
+    ) -> tuple[torch.Tensor, Any]:
         """Prefill (``cache is None``) or one decode step; falls back to full recompute when the
         model keeps no cache."""
         full = cache is None or self.uses_cache is False
         ids, mask, pos = batch.full_inputs() if full else batch.step_inputs()
-        kwargs = {"use_cache": self.uses_cache is not False, "logits_to_keep": 0 if keep_all else 1}
+        kwargs: dict[str, Any] = {"use_cache": self.uses_cache is not False}
+        if module is None:
+            kwargs["logits_to_keep"] = 0 if keep_all else 1
         if batch.images is not None:
             # Every full pass re-reads the images; a cached step only moves the 3-D positions on.
             if full:
@@ -229,13 +267,13 @@ class TorchSampler(Sampler):
                 pos = batch.images.step_positions(pos)
         if cache is not None and self.uses_cache:
             kwargs[self._cache_kwarg] = cache
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, **kwargs)
+        out = (module or self.model)(input_ids=ids, attention_mask=mask, position_ids=pos, **kwargs)
         new_cache = out.get("cache", None)
         if new_cache is None:
             new_cache = out.get("past_key_values", None)
         if self.uses_cache is None:
             self.uses_cache = new_cache is not None
-        return out.logits, new_cache
+        return (out.logits if module is None else out[0]), new_cache
 
 
 def _routes(adapters: list[str | None]) -> list[RowRoute]:

@@ -49,6 +49,10 @@ class ExecutionConfig(StrictModel):
     """Most padded tokens one fused training pass holds (default: the device's; 0: no limit)."""
     split_batches: bool | None = None
     lean_activations: bool | None = None
+    linear_logprobs: bool | None = None
+    linear_chunk_bytes: int | None = Field(default=None, ge=1)
+    activation_recompute: Literal["off", "auto", "on"] | None = None
+    """Decoder-layer recompute in training passes (``auto``: only where a pass would not fit)."""
 
     def options(self) -> Any:
         """The ``ExecutionOptions`` these settings give (unset fields: defaults)."""

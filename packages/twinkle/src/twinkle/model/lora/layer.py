@@ -88,6 +88,28 @@ class LoraRouter:
         finally:
             self.routes, self.vision_routes, self.vision_tokens, self.layout_id = previous
 
+    def snapshot(self) -> tuple:
+        """This pass's routing state (routes, vision routes, layout, direct-gradient anchors),
+        for :meth:`restored` to bring back when a layer is recomputed in the backward."""
+        return (self.routes, self.vision_routes, self.vision_tokens, self.layout_id, self._anchors)
+
+    @contextmanager
+    def restored(self, state: tuple):
+        """Route as :meth:`snapshot` found it inside the block: a recomputed layer then sends
+        every row to the adapter, vision route and anchor its first forward used."""
+        previous = self.snapshot()
+        self.routes, self.vision_routes, self.vision_tokens, self.layout_id, self._anchors = state
+        try:
+            yield
+        finally:
+            (
+                self.routes,
+                self.vision_routes,
+                self.vision_tokens,
+                self.layout_id,
+                self._anchors,
+            ) = previous
+
     def routes_for(self, scope: str, rows: int) -> tuple[RowRoute, ...]:
         """The routes of a layer of ``scope`` whose input has ``rows`` rows.
 

@@ -3,8 +3,9 @@ own loss on its own rows, one backward into every tenant's adapter gradients."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -12,10 +13,21 @@ import torch
 from twinkle.errors import InvalidArgumentError
 from twinkle.model import torch_compat
 from twinkle.model.lora import LoraRouter
+from twinkle.model.options import ExecutionOptions
 from twinkle.model.step.batch import TenantBatch
 from twinkle.model.step.loss import compute_loss, loss_of, public_output, record_train_metrics
-from twinkle.model.step.passes import ForwardState, forward_batches
-from twinkle.model.step.plan import Piece, can_split, pass_token_budget, plan_passes, rows_of
+from twinkle.model.step.passes import ForwardState, forward_batches, linear_head
+from twinkle.model.step.plan import (
+    ModelShape,
+    Piece,
+    can_split,
+    head_chunk_bytes,
+    memory_limit_bytes,
+    pass_token_budget,
+    plan_passes,
+    refuse_unfit,
+    rows_of,
+)
 from twinkle.model.tenant import Tenant
 
 
@@ -27,9 +39,8 @@ def fused_forward_backward(
     tenants: Sequence[Tenant],
     *,
     direct_weight_grads: bool,
-    chunk_bytes: int | None = None,
-    max_pass_tokens: int | None = None,
-    split_batches: bool = False,
+    options: ExecutionOptions | None = None,
+    recompute: Any = None,
     agree: Callable[[BaseException | None], None] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Forward, loss and backward of every batch, in as few base-model passes as the token
@@ -44,15 +55,20 @@ def fused_forward_backward(
         direct_weight_grads: Let the LoRA layers add their weight gradients straight into the
             tenants' flat gradient buffers where that gives what autograd would (see
             ``LoraRouter.direct_weight_grads``); ``False`` always leaves it to autograd.
-        chunk_bytes: ``ExecutionOptions.logprob_chunk_bytes`` (see ``token_logprobs``).
-        max_pass_tokens: ``ExecutionOptions.max_pass_tokens``: most padded tokens one pass
-            holds (``None``: the device's default, ``0``: every batch in one pass). Whole batches
-            are packed into passes (:func:`~twinkle.model.step.plan.plan_passes`).
-        split_batches: A batch over the budget runs as row chunks (else whole, alone): a
-            no-grad pass per chunk gives its full log-probs, its loss's gradient with respect to
-            them is taken on the whole batch, and a pass per chunk backpropagates that gradient,
-            so any loss (sequence-level, grouped, paired) gets exactly the gradient of one pass,
-            at one extra forward.
+        options: The model's ``ExecutionOptions`` (``None``: the defaults). From it:
+            ``max_pass_tokens``, the most padded tokens one pass holds (``None``: the device's
+            default, ``0``: every batch in one pass); whole batches are packed into passes
+            (:func:`~twinkle.model.step.plan.plan_passes`). ``split_batches``: a batch over the
+            budget runs as row chunks (else whole, alone): a no-grad pass per chunk gives its
+            full log-probs, its loss's gradient with respect to them is taken on the whole
+            batch, and a pass per chunk backpropagates that gradient, so any loss (sequence-level,
+            grouped, paired) gets exactly the gradient of one pass, at one extra forward.
+            ``activation_recompute``: ``on`` recomputes the decoder layers in every pass,
+            ``auto`` in a pass over the budget; ``linear_logprobs`` and the chunk sizes: how
+            log-probs are taken (:mod:`~twinkle.model.step.passes`).
+        recompute: The model's decoder-layer recompute switch
+            (:class:`~twinkle.model.transformers.recompute.LayerRecompute`); ``None``: the model
+            has none, and passes never recompute.
         agree: Called before each whole pass's backward with this process's failure of its
             forward or loss (``None``: none), by ranks whose backward passes must pair up
             (megatron expert parallel): it raises when any rank failed, so either every rank
@@ -64,17 +80,42 @@ def fused_forward_backward(
         give it. A loss that fails leaves every ``.grad`` as it was.
 
     Raises:
-        InvalidArgumentError: No batch.
+        InvalidArgumentError: No batch, or a batch whose smallest pass (a row where rows may be
+            cut, else the batch) cannot fit the device's memory even with recompute; raised
+            before any pass runs.
     """
     if not batches:
         raise InvalidArgumentError("forward_backward_many needs at least one request")
+    options = options or ExecutionOptions()
     direct = _direct_grads_ok(tenants, direct_weight_grads)
     losses = [loss_of(batch, tenant) for batch, tenant in zip(batches, tenants)]
     splittable = [
-        split_batches and can_split(b, t.spec.lora_dropout if t.spec is not None else 0.0)
+        options.split_batches and can_split(b, t.spec.lora_dropout if t.spec is not None else 0.0)
         for b, t in zip(batches, tenants)
     ]
-    budget = pass_token_budget(max_pass_tokens, base_model, device)
+    mode = options.activation_recompute if recompute is not None else "off"
+    logits_free = options.linear_logprobs and linear_head(base_model) is not None
+    budget = pass_token_budget(
+        options.max_pass_tokens,
+        base_model,
+        device,
+        logits_free=logits_free,
+        recompute=mode == "on",
+    )
+    # Per-token entropies only for a step where an attached metric reads them.
+    entropies = any(_wants_entropies(t) for t in tenants)
+    shape = ModelShape.of(base_model)
+    refuse_unfit(
+        batches,
+        [s or b.num_samples == 1 for s, b in zip(splittable, batches)],
+        shape,
+        memory_limit_bytes(device),
+        logits_free=logits_free,
+        recompute=mode != "off",
+        fixed_bytes=head_chunk_bytes(options.linear_chunk_bytes, shape.dtype_bytes)
+        if logits_free
+        else 0,
+    )
     # Packed in layout order (see _layout_key): same-rank tenants share passes and sit side by
     # side in them, and similar lengths pad less.
     order = sorted(range(len(batches)), key=lambda i: _layout_key(batches[i], tenants[i]))
@@ -84,11 +125,15 @@ def fused_forward_backward(
             [batches[i] for i in order], budget, [splittable[i] for i in order]
         )
     ]
-    ctx = router.direct_weight_grads if direct else nullcontext
+    direct_ctx = router.direct_weight_grads if direct else nullcontext
     states: list[Any] = [None] * len(batches)
     saved = None
     try:
         for pieces in plan:
+            over = budget is not None and _pass_tokens(batches, pieces) > budget
+            on = mode == "on" or (mode == "auto" and over)
+            ctx = functools.partial(_pass_context, direct_ctx, recompute, on)
+
             if pieces[0].whole:
                 failure = None
                 try:
@@ -102,7 +147,8 @@ def fused_forward_backward(
                         pieces,
                         states,
                         ctx,
-                        chunk_bytes,
+                        options,
+                        entropies,
                     )
                 except Exception as exc:
                     if agree is None:
@@ -125,8 +171,9 @@ def fused_forward_backward(
                     tenants[i],
                     losses[i],
                     [c[0] for c in chunks],
-                    chunk_bytes,
+                    options,
                     ctx,
+                    entropies,
                 )
             # Attached here, not before the first forward, so that a request that fails
             # before any backward leaves .grad untouched; a direct pass found them attached.
@@ -152,8 +199,22 @@ def fused_forward_backward(
     return {state.batch.tenant: public_output(state) for state in states}
 
 
+def _pass_tokens(batches: Sequence[TenantBatch], pieces: Sequence[Piece]) -> int:
+    """Padded tokens of a pass: its rows times its longest sequence."""
+    rows = sum(p.stop - p.start for p in pieces)
+    return rows * max(batches[p.index].tensors["input_ids"].shape[1] for p in pieces)
+
+
+@contextmanager
+def _pass_context(direct_ctx: Callable[[], Any], recompute: Any, on: bool):
+    """A pass's forward context: direct weight gradients (when the step uses them) and, when
+    ``on``, decoder-layer recompute."""
+    with direct_ctx(), recompute.enabled(True) if recompute is not None and on else nullcontext():
+        yield
+
+
 def _whole_pass(
-    base_model, router, device, batches, tenants, losses, pieces, states, ctx, chunk_bytes
+    base_model, router, device, batches, tenants, losses, pieces, states, ctx, options, entropies
 ) -> torch.Tensor:
     """Forward and loss of the whole batches of one pass (their states into ``states``); the
     total to backpropagate, refused when not finite."""
@@ -166,7 +227,8 @@ def _whole_pass(
             [batches[i] for i in idx],
             [losses[i] for i in idx],
             grad=True,
-            chunk_bytes=chunk_bytes,
+            options=options,
+            entropies=entropies,
         )
     total = None
     for state, i in zip(done, idx):
@@ -186,8 +248,9 @@ def _split_loss(
     tenant: Tenant,
     loss: Any,
     chunks: Sequence[Piece],
-    chunk_bytes: int | None,
+    options: ExecutionOptions,
     ctx: Any,
+    entropies: bool,
 ) -> tuple[ForwardState, torch.Tensor, Any]:
     """One batch too large for a pass: its loss on the whole batch from no-grad chunk passes,
     and a ``backward()`` that reruns each chunk with gradients and backpropagates the loss's
@@ -196,7 +259,14 @@ def _split_loss(
     with torch.no_grad():
         done = [
             forward_batches(
-                base_model, router, device, [p], [loss], grad=False, chunk_bytes=chunk_bytes
+                base_model,
+                router,
+                device,
+                [p],
+                [loss],
+                grad=False,
+                options=options,
+                entropies=entropies,
             )[0]
             for p in parts
         ]
@@ -205,6 +275,8 @@ def _split_loss(
     if done[0].ref_logprobs is not None:
         state.ref_logprobs = torch.cat([d.ref_logprobs for d in done])
     state.correct = sum(d.correct for d in done)
+    if entropies:
+        state.entropies = torch.cat([d.entropies for d in done])
     with torch.enable_grad():
         compute_loss(state, loss)
         total = state.loss_output.loss / tenant.gradient_accumulation_steps
@@ -216,11 +288,16 @@ def _split_loss(
         for chunk, part in zip(chunks, parts):
             with ctx():
                 (again,) = forward_batches(
-                    base_model, router, device, [part], [None], grad=True, chunk_bytes=chunk_bytes
+                    base_model, router, device, [part], [None], grad=True, options=options
                 )
             (again.logprobs * grad[chunk.start : chunk.stop]).sum().backward()
 
     return state, total, backward
+
+
+def _wants_entropies(tenant: Tenant) -> bool:
+    attached = getattr(tenant, "attached_metrics", None)
+    return attached is not None and attached.wants_entropies(True)
 
 
 def _drop_graph(states: Sequence[ForwardState]) -> None:

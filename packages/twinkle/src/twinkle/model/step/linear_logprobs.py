@@ -3,71 +3,136 @@
 ``log p(target_t) = h_t . w_target - logsumexp(h_t W^T)``. The usual path materialises the
 ``[tokens, vocab]`` logits, their log-softmax and, in backward, their gradient: at a 150k-250k
 vocabulary that is several megabytes per token, more than the decoder layers keep. Here each chunk
-of tokens computes its logits, keeps only what the loss needs (target logit, logsumexp, argmax
-hit) and drops them; backward computes the chunk's logits again and turns them into the
-gradients of the hidden states and the head, so no tensor of ``[tokens, vocab]`` outlives one
-chunk. Values and gradients equal the materialised path's (same fp32 arithmetic per row).
+of tokens computes its logits, keeps only what the loss needs and drops them, so no tensor of
+``[tokens, vocab]`` outlives one chunk:
+
+- a frozen head (a LoRA base model's): the gradient of ``log p(target_t)`` with respect to
+  ``h_t`` is ``w_target - E_p[w]``, and the expected head row ``E_p[w] = softmax_t @ W`` is one
+  ``[hidden]`` vector per token, taken in the forward from the chunk's softmax. Backward is then
+  a gather and a subtraction: no second pass over the vocabulary.
+- a trainable head: backward computes each chunk's logits again and turns them into the
+  gradients of the hidden states and the head.
+
+Values and gradients equal the materialised path's (same fp32 arithmetic per row, in another
+summation order).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
 from twinkle.data_format import IGNORE_INDEX
 
-# Logits bytes (fp32) one chunk may hold: the chunk's tokens are this over 4 * vocab.
-DEFAULT_CHUNK_BYTES = 64 << 20
+# Logits bytes (fp32) one chunk may hold: the chunk's tokens are this over 4 * vocab. On a CPU a
+# product of a few rows with the [vocab, hidden] head costs nearly what one of hundreds of rows
+# does (the head is re-packed per call), so chunks are kept at a few hundred rows; figures in
+# docs/performance.md ("Logits-free log-probs").
+DEFAULT_CHUNK_BYTES = 256 << 20
 
 
 class _LinearLogprobs(torch.autograd.Function):
-    """``(hidden [N, H], weight [V, H], targets [N]) -> (logprobs [N], argmax hits [N])``."""
+    """``(hidden [N, H], weight [V, H], targets [N]) -> (logprobs [N], argmax hits [N],
+    entropies [N] or [0])``."""
 
     @staticmethod
-    def forward(ctx, hidden_N_H, weight_V_H, targets_N, chunk):
-        logprobs_N = hidden_N_H.new_zeros(hidden_N_H.shape[0], dtype=torch.float32)
-        hits_N = torch.zeros(hidden_N_H.shape[0], dtype=torch.bool, device=hidden_N_H.device)
-        lse_N = hidden_N_H.new_zeros(hidden_N_H.shape[0], dtype=torch.float32)
-        for start in range(0, hidden_N_H.shape[0], chunk):
+    def forward(ctx, hidden_N_H, weight_V_H, targets_N, chunk, want_entropy):
+        need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        expect_rows = need_hidden and not need_weight
+        tokens = hidden_N_H.shape[0]
+        logprobs_N = hidden_N_H.new_zeros(tokens, dtype=torch.float32)
+        hits_N = torch.zeros(tokens, dtype=torch.bool, device=hidden_N_H.device)
+        lse_N = hidden_N_H.new_zeros(tokens, dtype=torch.float32)
+        entropy_N = hidden_N_H.new_zeros(tokens if want_entropy else 0, dtype=torch.float32)
+        expected_N_H = (
+            hidden_N_H.new_zeros(hidden_N_H.shape, dtype=torch.float32) if expect_rows else None
+        )
+        for start in range(0, tokens, chunk):
             rows = slice(start, start + chunk)
             logits_C_V = (hidden_N_H[rows] @ weight_V_H.T).float()
             targets_C = targets_N[rows]
             valid_C = targets_C != IGNORE_INDEX
             safe_C = torch.where(valid_C, targets_C, 0)
-            lse_C = torch.logsumexp(logits_C_V, dim=-1)
             target_logit_C = logits_C_V.gather(-1, safe_C[:, None]).squeeze(-1)
+            # The row maximum serves both the stable logsumexp and the argmax hit (the target's
+            # logit is the largest; amax, not argmax, which is much slower on CPU and differs
+            # only on an exact tie).
+            max_C = logits_C_V.amax(-1)
+            shifted_C_V = logits_C_V.sub_(max_C[:, None])
+            if want_entropy:  # H = log sum e^s - sum(e^s s) / sum e^s, with s = logit - max
+                weighted_C = (shifted_C_V.exp() * shifted_C_V).sum(-1)
+            sum_C = shifted_C_V.exp_().sum(-1)
+            lse_C = max_C + sum_C.log()
+            if want_entropy:
+                entropy_N[rows] = sum_C.log() - weighted_C / sum_C
+            if expect_rows:  # softmax @ W, from the exponentials already in place
+                probs_C_V = logits_C_V.div_(sum_C[:, None])
+                expected_N_H[rows] = (probs_C_V.to(weight_V_H.dtype) @ weight_V_H).float()
+            del logits_C_V
             logprobs_N[rows] = torch.where(valid_C, target_logit_C - lse_C, 0.0)
-            hits_N[rows] = valid_C & (logits_C_V.argmax(-1) == safe_C)
+            hits_N[rows] = valid_C & (target_logit_C >= max_C)
             lse_N[rows] = lse_C
-        ctx.save_for_backward(hidden_N_H, weight_V_H, targets_N, lse_N)
+        if expect_rows:
+            ctx.save_for_backward(weight_V_H, targets_N, expected_N_H)
+        else:
+            ctx.save_for_backward(hidden_N_H, weight_V_H, targets_N, lse_N)
+        ctx.expect_rows = expect_rows
         ctx.chunk = chunk
-        ctx.mark_non_differentiable(hits_N)
-        return logprobs_N, hits_N
+        ctx.hidden_dtype = hidden_N_H.dtype
+        ctx.mark_non_differentiable(hits_N, entropy_N)
+        return logprobs_N, hits_N, entropy_N
 
     @staticmethod
-    def backward(ctx, grad_logprobs_N, _grad_hits):
-        hidden_N_H, weight_V_H, targets_N, lse_N = ctx.saved_tensors
-        need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_hidden = torch.zeros_like(hidden_N_H) if need_hidden else None
-        grad_weight = torch.zeros_like(weight_V_H, dtype=torch.float32) if need_weight else None
-        for start in range(0, hidden_N_H.shape[0], ctx.chunk):
-            rows = slice(start, start + ctx.chunk)
-            hidden_C_H = hidden_N_H[rows]
-            targets_C = targets_N[rows]
-            valid_C = targets_C != IGNORE_INDEX
-            # d logprob / d logits = onehot(target) - softmax, zero for ignored tokens.
-            scale_C = torch.where(valid_C, grad_logprobs_N[rows].float(), 0.0)
-            logits_C_V = (hidden_C_H @ weight_V_H.T).float()
-            grad_logits_C_V = -torch.exp(logits_C_V - lse_N[rows, None]) * scale_C[:, None]
-            safe_C = torch.where(valid_C, targets_C, 0)
-            grad_logits_C_V.scatter_add_(-1, safe_C[:, None], scale_C[:, None])
-            del logits_C_V
-            if need_hidden:
-                grad_hidden[rows] = (grad_logits_C_V @ weight_V_H.float()).to(hidden_N_H.dtype)
-            if need_weight:
-                grad_weight += grad_logits_C_V.T @ hidden_C_H.float()
+    def backward(ctx, grad_logprobs_N, _grad_hits, _grad_entropy):
+        if ctx.expect_rows:
+            weight_V_H, targets_N, expected_N_H = ctx.saved_tensors
+            valid_N = targets_N != IGNORE_INDEX
+            scale_N = torch.where(valid_N, grad_logprobs_N.float(), 0.0)
+            target_rows_N_H = weight_V_H[torch.where(valid_N, targets_N, 0)].float()
+            grad_hidden = (target_rows_N_H - expected_N_H).mul_(scale_N[:, None])
+            return grad_hidden.to(ctx.hidden_dtype), None, None, None, None
+        return _recomputed_backward(ctx, grad_logprobs_N)
+
+
+def _recomputed_backward(ctx, grad_logprobs_N):
+    """Backward for a trainable head: each chunk's logits again, then both gradients."""
+    hidden_N_H, weight_V_H, targets_N, lse_N = ctx.saved_tensors
+    need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    grad_hidden = torch.zeros_like(hidden_N_H) if need_hidden else None
+    grad_weight = torch.zeros_like(weight_V_H, dtype=torch.float32) if need_weight else None
+    for start in range(0, hidden_N_H.shape[0], ctx.chunk):
+        rows = slice(start, start + ctx.chunk)
+        hidden_C_H = hidden_N_H[rows]
+        targets_C = targets_N[rows]
+        valid_C = targets_C != IGNORE_INDEX
+        # d logprob / d logits = onehot(target) - softmax, zero for ignored tokens.
+        scale_C = torch.where(valid_C, grad_logprobs_N[rows].float(), 0.0)
+        # In place: the recomputed logits become -softmax * scale, then + scale at the target.
+        grad_logits_C_V = (hidden_C_H @ weight_V_H.T).float()
+        grad_logits_C_V.sub_(lse_N[rows, None]).exp_().mul_(-scale_C[:, None])
+        safe_C = torch.where(valid_C, targets_C, 0)
+        grad_logits_C_V.scatter_add_(-1, safe_C[:, None], scale_C[:, None])
+        if need_hidden:
+            grad_hidden[rows] = (grad_logits_C_V.to(weight_V_H.dtype) @ weight_V_H).to(
+                hidden_N_H.dtype
+            )
         if need_weight:
-            grad_weight = grad_weight.to(weight_V_H.dtype)
-        return grad_hidden, grad_weight, None, None
+            grad_weight += grad_logits_C_V.T @ hidden_C_H.float()
+    if need_weight:
+        grad_weight = grad_weight.to(weight_V_H.dtype)
+    return grad_hidden, grad_weight, None, None, None
+
+
+class TokenStats(NamedTuple):
+    """Per-token figures of :func:`linear_token_logprobs`, each ``[B, T]``."""
+
+    logprobs: torch.Tensor
+    """``log p(target)`` in fp32, 0 where the target is -100; differentiable."""
+    hits: torch.Tensor
+    """Whether the target is the argmax (bool)."""
+    entropies: torch.Tensor | None
+    """Entropy of the predicted distribution (fp32, no gradient), where asked for."""
 
 
 def linear_token_logprobs(
@@ -75,25 +140,37 @@ def linear_token_logprobs(
     weight_V_H: torch.Tensor,
     targets_B_T: torch.Tensor,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token ``log p(target)`` (fp32, 0 where the target is -100) and argmax hits.
+    entropies: bool = False,
+) -> TokenStats:
+    """Per-token ``log p(target)``, argmax hits and, when ``entropies``, the entropies.
 
     Args:
         hidden_B_T_H: The last (normalised) hidden states.
         weight_V_H: The LM head's weight (the input embeddings for a tied head).
         targets_B_T: Target token ids, -100 where none.
         chunk_bytes: fp32 logits one chunk of tokens may hold.
+        entropies: Also the entropy of each token's distribution (one more pass over each
+            chunk's logits).
 
     Returns:
-        ``(logprobs [B, T], hits [B, T])``; gradients flow to the hidden states and the head.
+        A :class:`TokenStats`; gradients flow from the log-probs to the hidden states and the
+        head.
     """
     batch, seq, width = hidden_B_T_H.shape
     vocab = weight_V_H.shape[0]
     chunk = max(1, chunk_bytes // (4 * vocab))
-    logprobs_N, hits_N = _LinearLogprobs.apply(
-        hidden_B_T_H.reshape(batch * seq, width), weight_V_H, targets_B_T.reshape(-1), chunk
+    logprobs_N, hits_N, entropy_N = _LinearLogprobs.apply(
+        hidden_B_T_H.reshape(batch * seq, width),
+        weight_V_H,
+        targets_B_T.reshape(-1),
+        chunk,
+        entropies,
     )
-    return logprobs_N.reshape(batch, seq), hits_N.reshape(batch, seq)
+    return TokenStats(
+        logprobs_N.reshape(batch, seq),
+        hits_N.reshape(batch, seq),
+        entropy_N.reshape(batch, seq) if entropies else None,
+    )
 
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "linear_token_logprobs"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "TokenStats", "linear_token_logprobs"]

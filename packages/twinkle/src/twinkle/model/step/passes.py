@@ -1,6 +1,11 @@
 """The forward pass over one or many tenants' batches, stacked: one base-model call whose rows
 each go through their own tenant's adapter, then the targets' log-probabilities (and, for the
-batches that need them, pooled last hidden states or the logits of a teacher's top-k tokens)."""
+batches that need them, pooled last hidden states or the logits of a teacher's top-k tokens).
+
+Where the model's LM head is a plain linear layer, the pass stops at the last hidden states and
+the log-probs come from them and the head in chunks of tokens
+(:mod:`~twinkle.model.step.linear_logprobs`): no ``[tokens, vocab]`` logits are kept. Any other
+head (softcapped, scaled, with a bias or an adapter) gives the logits as the model computes them."""
 
 from __future__ import annotations
 
@@ -11,9 +16,15 @@ from typing import Any
 import torch
 
 from twinkle.model.lora import LoraRouter, RowRoute
+from twinkle.model.options import ExecutionOptions
 from twinkle.model.step.batch import PAD_VALUES, TenantBatch
-from twinkle.model.step.tensors import IGNORE_INDEX, token_logprobs
+from twinkle.model.step.linear_logprobs import linear_token_logprobs
+from twinkle.model.step.tensors import IGNORE_INDEX, token_entropies, token_logprobs
 from twinkle.model.step.vision import vision_inputs
+
+#: Config fields that put an operation between the LM head and the log-softmax (Gemma's softcap,
+#: Cohere's and Granite's logit scales): a model that sets one keeps its materialised logits.
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
 @dataclass
@@ -27,6 +38,7 @@ class ForwardState:
         embeddings: ``[B, H]`` pooled last hidden states of an embedding batch.
         topk_logits: ``[B, T, K]`` logits of the teacher's top-k tokens (distillation).
         correct: Trained positions whose argmax is the target.
+        entropies: ``[B, T]`` entropies of the predicted distributions, where a metric asks.
         loss_output: The loss's ``LossOutput`` once computed.
     """
 
@@ -36,7 +48,43 @@ class ForwardState:
     embeddings: torch.Tensor | None = None
     topk_logits: torch.Tensor | None = None
     correct: int = 0
+    entropies: torch.Tensor | None = None
     loss_output: Any = None
+
+
+@dataclass
+class PassOutput:
+    """One base-model call's result: ``logits`` ``[B, T, V]``, or, logits-free, the last
+    (normalised) ``hidden`` states and the LM ``head`` weight to take log-probs from."""
+
+    logits: torch.Tensor | None
+    hidden: torch.Tensor | None
+    head: torch.Tensor | None = None
+
+    def logits_of(self, rows: slice) -> torch.Tensor:
+        """Logits of ``rows`` (computed here when the pass kept none)."""
+        if self.logits is not None:
+            return self.logits[rows]
+        return self.hidden[rows] @ self.head.T
+
+
+def linear_head(base_model: torch.nn.Module) -> torch.Tensor | None:
+    """The weight of ``base_model``'s LM head when logits are exactly ``hidden @ weight.T`` (a
+    plain ``nn.Linear`` without bias, no logit transform in the config, the decoder reachable as
+    the model's base); else ``None``."""
+    head = (
+        base_model.get_output_embeddings() if hasattr(base_model, "get_output_embeddings") else None
+    )
+    if type(head) is not torch.nn.Linear or head.bias is not None:
+        return None
+    config = getattr(base_model, "config", None)
+    for part in (config, getattr(config, "text_config", None)):
+        for name in LOGIT_TRANSFORMS:
+            if getattr(part, name, None) not in (None, 1, 1.0):
+                return None
+    if getattr(base_model, getattr(base_model, "base_model_prefix", ""), None) is None:
+        return None
+    return head.weight
 
 
 def run_base(
@@ -45,22 +93,15 @@ def run_base(
     batches: Sequence[TenantBatch],
     routes: list[RowRoute] | None,
     device: torch.device,
-) -> torch.Tensor:
-    """Logits of one forward over the rows of ``batches`` stacked (right-padded to a common
-    length); ``routes`` send each row range to its adapter, ``None`` runs the bare base model.
-    Only the rows with images feed the vision tower (:mod:`.vision`)."""
-    return _run(base_model, router, batches, routes, device, hidden=False)[0]
-
-
-def _run(
-    base_model: torch.nn.Module,
-    router: LoraRouter,
-    batches: Sequence[TenantBatch],
-    routes: list[RowRoute] | None,
-    device: torch.device,
-    hidden: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`run_base`'s logits and, when ``hidden``, the last (normalised) hidden states."""
+    *,
+    logits_free: bool = False,
+    hidden: bool = False,
+) -> PassOutput:
+    """One forward over the rows of ``batches`` stacked (right-padded to a common length);
+    ``routes`` send each row range to its adapter, ``None`` runs the bare base model. Only the
+    rows with images feed the vision tower (:mod:`.vision`). ``logits_free`` stops at the last
+    hidden states where the head allows (:func:`linear_head`); ``hidden`` asks for them anyway
+    (embeddings)."""
     seq = max(b.tensors["input_ids"].shape[1] for b in batches)
     stacked = {}
     for key, pad in PAD_VALUES.items():
@@ -69,9 +110,14 @@ def _run(
     stacked.pop("labels", None)
     images, vision_routes = vision_inputs(base_model, batches, stacked, device)
     stacked.update(images)
+    head = linear_head(base_model) if logits_free else None
     with router.route(routes or [], vision_routes if routes else None):
+        if head is not None:
+            decoder = getattr(base_model, base_model.base_model_prefix)
+            out = decoder(**stacked, use_cache=False)
+            return PassOutput(None, out[0], head)
         out = base_model(**stacked, use_cache=False, output_hidden_states=hidden)
-    return out.logits, (out.hidden_states[-1] if hidden else None)
+    return PassOutput(out.logits, out.hidden_states[-1] if hidden else None)
 
 
 def forward_batches(
@@ -82,26 +128,38 @@ def forward_batches(
     losses: Sequence[Any],
     *,
     grad: bool,
-    chunk_bytes: int | None = None,
+    options: ExecutionOptions | None = None,
     bare: bool = False,
+    entropies: bool = False,
 ) -> list[ForwardState]:
     """Each batch's log-probs from one fused pass and, where its loss (``losses[i]``, the loss
     that will apply to ``batches[i]``) wants them and the request did not give them, reference
     log-probs from a bare pass. ``bare`` runs the main pass itself without adapters (its
-    log-probs are then their own reference)."""
+    log-probs are then their own reference). ``options``: the model's (log-prob chunks, the
+    logits-free head); ``None``: the defaults. ``entropies``: also each token's entropy (for a
+    metric that reads it)."""
+    options = options or ExecutionOptions()
     states = [ForwardState(batch) for batch in batches]
     routes, row = [], 0
     for batch in batches:
         routes.append(RowRoute(batch.tenant, row, row + batch.num_samples))
         row += batch.num_samples
     hidden = any(b.task == "embedding" for b in batches)
+    free = options.linear_logprobs
     with torch.set_grad_enabled(grad):
-        logits, last_hidden = _run(
-            base_model, router, batches, None if bare else routes, device, hidden
+        out = run_base(
+            base_model,
+            router,
+            batches,
+            None if bare else routes,
+            device,
+            logits_free=free,
+            hidden=hidden,
         )
-        _attach_logprobs(states, logits, "logprobs", chunk_bytes)
-        _attach_embeddings(states, losses, last_hidden)
-        _attach_topk_logits(states, logits)
+        _attach_logprobs(states, out, "logprobs", options, entropies)
+        _attach_embeddings(states, losses, out.hidden)
+        _attach_topk_logits(states, out)
+        del out
     needing_ref = [
         s
         for s, loss in zip(states, losses)
@@ -113,8 +171,10 @@ def forward_batches(
         needing_ref = []
     if needing_ref:
         with torch.no_grad():
-            logits = run_base(base_model, router, [s.batch for s in needing_ref], None, device)
-            _attach_logprobs(needing_ref, logits, "ref_logprobs", chunk_bytes)
+            out = run_base(
+                base_model, router, [s.batch for s in needing_ref], None, device, logits_free=free
+            )
+            _attach_logprobs(needing_ref, out, "ref_logprobs", options)
     return states
 
 
@@ -146,15 +206,16 @@ def pool(hidden_B_T_H: torch.Tensor, mask_B_T: torch.Tensor, loss: Any) -> torch
     return hidden_B_T_H[torch.arange(hidden_B_T_H.shape[0], device=mask.device), last_B]
 
 
-def _attach_topk_logits(states: list[ForwardState], logits: torch.Tensor) -> None:
-    """The logits of each distillation batch's teacher top-k token ids, ``[B, T, K]``."""
+def _attach_topk_logits(states: list[ForwardState], out: PassOutput) -> None:
+    """The logits of each distillation batch's teacher top-k token ids, ``[B, T, K]`` (a
+    logits-free pass computes that batch's logits alone)."""
     row = 0
     for state in states:
         rows, seq = state.batch.targets.shape
         indices = state.batch.extras.get("teacher_topk_indices")
         if indices is not None:
-            mine = logits[row : row + rows, :seq]
-            state.topk_logits = mine.gather(-1, indices.to(logits.device)).float()
+            mine = out.logits_of(slice(row, row + rows))[:, :seq]
+            state.topk_logits = mine.gather(-1, indices.to(mine.device)).float()
         row += rows
 
 
@@ -167,34 +228,55 @@ def pad_to(tensor: torch.Tensor, seq: int, value: float | int) -> torch.Tensor:
 
 
 def _attach_logprobs(
-    states: list[ForwardState], logits: torch.Tensor, attr: str, chunk_bytes: int | None
+    states: list[ForwardState],
+    out: PassOutput,
+    attr: str,
+    options: ExecutionOptions,
+    entropies: bool = False,
 ) -> None:
-    """Log-probs of every state's targets, from one pass over the stacked logits.
+    """Log-probs of every state's targets, from one pass over the stacked rows.
 
     One cross-entropy and one argmax over all rows: slicing the logits per tenant first would make
     backward zero-fill a full-size logits gradient once per tenant.
     """
-    seq = logits.shape[1]
+    source = out.logits if out.logits is not None else out.hidden
+    seq = source.shape[1]
     targets = torch.cat([pad_to(s.batch.targets, seq, IGNORE_INDEX) for s in states])
-    targets = targets.to(logits.device)
-    logprobs = token_logprobs(logits, targets, chunk_bytes)
-    row_hits = None
-    if attr == "logprobs":
-        # Correct predictions per row, for every state at once (padding targets never count): the
-        # target's logit is the row's largest. amax + gather, not argmax: torch's CPU argmax over
-        # the vocabulary cost more than the cross-entropy itself (7-100x amax at 128-4096 tokens,
-        # docs/performance.md); they differ only on an exact tie for the largest logit.
-        detached = logits.detach()
+    targets = targets.to(source.device)
+    if out.logits is None:
+        logprobs, hits, entropy = linear_token_logprobs(
+            out.hidden, out.head, targets, options.linear_chunk_bytes, entropies
+        )
+    else:
+        logprobs = token_logprobs(out.logits, targets, options.logprob_chunk_bytes)
+        hits = None
+        entropy = token_entropies(out.logits, options.logprob_chunk_bytes) if entropies else None
+    if hits is None and attr == "logprobs":
+        # The target's logit is the row's largest. amax + gather, not argmax: torch's CPU argmax
+        # over the vocabulary cost more than the cross-entropy itself (7-100x amax at 128-4096
+        # tokens, docs/performance.md); they differ only on an exact tie for the largest logit.
+        detached = out.logits.detach()
         target_logit = detached.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
         hits = (target_logit >= detached.amax(-1)) & (targets != IGNORE_INDEX)
-        row_hits = hits.sum(-1).tolist()
+    # Correct predictions per row, for every state at once (padding targets never count).
+    row_hits = hits.sum(-1).tolist() if attr == "logprobs" else None
     row = 0
     for state in states:
         rows, state_seq = state.batch.targets.shape
         setattr(state, attr, logprobs[row : row + rows, :state_seq])
+        if entropy is not None:
+            state.entropies = entropy[row : row + rows, :state_seq]
         if row_hits is not None:
             state.correct = sum(row_hits[row : row + rows])
         row += rows
 
 
-__all__ = ["ForwardState", "forward_batches", "pad_to", "pool", "run_base"]
+__all__ = [
+    "ForwardState",
+    "PassOutput",
+    "forward_batches",
+    "linear_head",
+    "pad_to",
+    "pool",
+    "run_base",
+]

@@ -10,6 +10,7 @@ when ``ExecutionOptions.max_pass_tokens`` leaves it to the device.
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,7 +35,9 @@ CPU_MIN_TOKENS, CPU_MAX_TOKENS = 256, 2048
 GPU_FREE_FRACTION = 0.5
 GPU_MIN_TOKENS, GPU_MAX_TOKENS = 2048, 1 << 20
 
-_budgets: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
+_budgets: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[bool, bool], int]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 @dataclass(frozen=True)
@@ -112,18 +115,27 @@ def rows_of(batch: TenantBatch, start: int, stop: int) -> TenantBatch:
 
 
 def pass_token_budget(
-    configured: int | None, base_model: torch.nn.Module, device: torch.device
+    configured: int | None,
+    base_model: torch.nn.Module,
+    device: torch.device,
+    *,
+    logits_free: bool = False,
+    recompute: bool = False,
 ) -> int | None:
     """``configured`` (``ExecutionOptions.max_pass_tokens``), else the device's default: the
-    tokens whose activations (:func:`activation_bytes_per_token`) fit
-    :data:`CPU_PASS_ACTIVATION_BYTES` on a CPU, or :data:`GPU_FREE_FRACTION` of the memory free at
-    the first step on a GPU (computed once per model). ``None`` when ``configured`` is 0 (no
-    limit)."""
+    tokens whose activations (:func:`activation_bytes_per_token`, for the head and recompute
+    settings given) fit :data:`CPU_PASS_ACTIVATION_BYTES` on a CPU, or :data:`GPU_FREE_FRACTION`
+    of the memory free at the first step on a GPU (computed once per model and setting). ``None``
+    when ``configured`` is 0 (no limit)."""
     if configured is not None:
         return configured or None
-    budget = _budgets.get(base_model)
+    budgets = _budgets.setdefault(base_model, {})
+    key = (logits_free, recompute)
+    budget = budgets.get(key)
     if budget is None:
-        per_token = activation_bytes_per_token(base_model)
+        per_token = activation_bytes_per_token(
+            base_model, logits_free=logits_free, recompute=recompute
+        )
         if device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(device)
             budget = int(free * GPU_FREE_FRACTION // per_token)
@@ -131,25 +143,137 @@ def pass_token_budget(
         else:
             budget = CPU_PASS_ACTIVATION_BYTES // per_token
             budget = min(CPU_MAX_TOKENS, max(CPU_MIN_TOKENS, budget))
-        _budgets[base_model] = budget
+        budgets[key] = budget
     return budget
 
 
-def activation_bytes_per_token(base_model: torch.nn.Module) -> int:
-    """Bytes a training pass keeps per token: about 34 hidden-size values per layer in the
-    weights' dtype (Korthikanti et al., 2022, without recomputation), plus the fp32 logits, their
-    log-softmax and gradient over the vocabulary."""
-    config = getattr(base_model, "config", None)
-    text = getattr(config, "text_config", None) or config
-    hidden = int(getattr(text, "hidden_size", 1024))
-    layers = int(getattr(text, "num_hidden_layers", 24))
-    vocab = int(getattr(text, "vocab_size", 32000))
-    dtype_bytes = next(base_model.parameters()).element_size()
-    return 34 * hidden * layers * dtype_bytes + 3 * 4 * vocab
+#: Values per token and layer a decoder layer keeps for its backward, in the weights' dtype
+#: (Korthikanti et al., 2022, without recompute and without the attention matrix, which the
+#: fused attention kernels do not keep).
+LAYER_VALUES = 34
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the activation memory model reads of a model: its text config and weight dtype."""
+
+    hidden: int
+    layers: int
+    vocab: int
+    dtype_bytes: int
+
+    @classmethod
+    def of(cls, base_model: torch.nn.Module) -> ModelShape:
+        config = getattr(base_model, "config", None)
+        text = getattr(config, "text_config", None) or config
+        return cls(
+            hidden=int(getattr(text, "hidden_size", 1024)),
+            layers=int(getattr(text, "num_hidden_layers", 24)),
+            vocab=int(getattr(text, "vocab_size", 32000)),
+            dtype_bytes=next(base_model.parameters()).element_size(),
+        )
+
+    def bytes_per_token(self, *, logits_free: bool, recompute: bool) -> int:
+        """Activation bytes a training pass keeps per token.
+
+        - decoder layers: :data:`LAYER_VALUES` x hidden per layer; with recompute each layer
+          keeps its input (hidden values) and one layer at a time holds all of its own;
+        - the head: the fp32 logits, their log-softmax and gradient (3 x 4 x vocab bytes), or,
+          logits-free, the last hidden state and one fp32 expected head row (the chunk of logits
+          is a fixed cost, :func:`head_chunk_bytes`).
+        """
+        layer = LAYER_VALUES * self.hidden * self.dtype_bytes
+        if recompute:
+            body = self.layers * self.hidden * self.dtype_bytes + layer
+        else:
+            body = self.layers * layer
+        head = (self.dtype_bytes + 4) * self.hidden if logits_free else 3 * 4 * self.vocab
+        return body + head
+
+
+def activation_bytes_per_token(
+    base_model: torch.nn.Module, *, logits_free: bool = False, recompute: bool = False
+) -> int:
+    """Bytes a training pass keeps per token (:meth:`ModelShape.bytes_per_token`)."""
+    return ModelShape.of(base_model).bytes_per_token(logits_free=logits_free, recompute=recompute)
+
+
+def head_chunk_bytes(chunk_bytes: int, dtype_bytes: int) -> int:
+    """Peak bytes of one logits-free chunk: its fp32 logits and, below fp32, their copy in the
+    head's dtype for the expected-row product."""
+    return chunk_bytes + (chunk_bytes * dtype_bytes // 4 if dtype_bytes < 4 else 0)
+
+
+def memory_limit_bytes(device: torch.device) -> int:
+    """What one pass's activations can take at most: the free memory of a GPU, or the memory
+    the operating system reports available (``MemAvailable``) on a CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    # Without /proc (macOS): the free physical pages, a lower bound of what is available.
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def refuse_unfit(
+    batches: Sequence[TenantBatch],
+    splittable: Sequence[bool],
+    shape: ModelShape,
+    limit_bytes: int,
+    *,
+    logits_free: bool,
+    recompute: bool,
+    fixed_bytes: int = 0,
+) -> None:
+    """Refuse, before any work, a batch whose smallest pass cannot fit ``limit_bytes``: one row
+    when its rows may be cut into passes, else the whole batch.
+
+    Raises:
+        InvalidArgumentError: Naming the tenant, the tokens that do not fit, the tokens that
+            would, and what to change.
+    """
+    from twinkle.errors import InvalidArgumentError
+
+    per_token = shape.bytes_per_token(logits_free=logits_free, recompute=recompute)
+    fit = max(0, (limit_bytes - fixed_bytes) // per_token)
+    for batch, split in zip(batches, splittable):
+        rows, seq = batch.num_samples, batch.tensors["input_ids"].shape[1]
+        tokens = seq if split else rows * seq
+        if tokens <= fit:
+            continue
+        unit = f"a row of {seq} tokens" if split or rows == 1 else f"{rows} rows x {seq} tokens"
+        advice = (
+            "shorten the rows (e.g. the template's max_length)"
+            if recompute
+            else "turn on activation_recompute (execution block), or shorten the rows"
+        )
+        if not split and rows > 1:
+            advice += ", or send fewer rows per request"
+        need = tokens * per_token + fixed_bytes
+        raise InvalidArgumentError(
+            f"adapter {batch.tenant!r}: {unit} needs about {_size(need)} of activations"
+            f"{' with activation recompute' if recompute else ''}, but this replica has "
+            f"{_size(limit_bytes)} free: at most {fit} tokens fit in one pass; {advice}. "
+            "Nothing was run."
+        )
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.0f} MiB"
 
 
 __all__ = [
     "CPU_PASS_ACTIVATION_BYTES",
+    "LAYER_VALUES",
+    "ModelShape",
+    "head_chunk_bytes",
+    "memory_limit_bytes",
+    "refuse_unfit",
     "Piece",
     "activation_bytes_per_token",
     "can_split",

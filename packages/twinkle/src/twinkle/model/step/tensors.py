@@ -55,6 +55,20 @@ def token_logprobs(
     return -nll.reshape(batch, seq)
 
 
+@torch.no_grad()
+def token_entropies(logits: torch.Tensor, chunk_bytes: int | None = None) -> torch.Tensor:
+    """``[B, T]`` entropy of each position's predicted distribution (fp32, no gradient), in
+    chunks of tokens as :func:`token_logprobs` takes them."""
+    batch, seq, vocab = logits.shape
+    flat = logits.detach().reshape(batch * seq, vocab)
+    chunk = max(MIN_CHUNK_TOKENS, (chunk_bytes or CPU_CHUNK_BYTES) // (4 * vocab))
+    parts = []
+    for rows in flat.split(chunk):
+        logp = torch.log_softmax(rows.float(), dim=-1)
+        parts.append(-(logp.exp() * logp).sum(-1))
+    return torch.cat(parts).reshape(batch, seq)
+
+
 def _nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(
         logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="none"

@@ -56,6 +56,7 @@ from twinkle.model.transformers._auto import auto_model_class
 from twinkle.model.transformers._checkpoint_methods import CheckpointMethods
 from twinkle.model.transformers._optimizer_methods import OptimizerMethods
 from twinkle.model.transformers.lean import make_lean
+from twinkle.model.transformers.recompute import LayerRecompute, install_recompute
 from twinkle_client.types import ForwardOutput
 
 
@@ -88,6 +89,9 @@ class MultiLoraTransformersModel(CheckpointMethods, OptimizerMethods):
         fused_forward_backward=True,
         batched_optimizer_step=True,
     )
+    #: The decoder layers' recompute switch (``install_recompute``); ``None`` where the base
+    #: model has none (``activation_recompute: off``, or a backend that builds its own model).
+    recompute: LayerRecompute | None = None
 
     def __init__(
         self,
@@ -122,6 +126,12 @@ class MultiLoraTransformersModel(CheckpointMethods, OptimizerMethods):
         if self.options.lean_activations:
             make_lean(self.model)
         self.router = LoraRouter(kernel=self.options.lora_kernel)
+        # Decoder layers that recompute in the passes that ask (fused step, per pass).
+        self.recompute = (
+            install_recompute(self.model, self.router)
+            if self.options.activation_recompute != "off"
+            else None
+        )
         self.seed = seed
         self.tenants: dict[str, Tenant] = {}
         self.pager: AdapterPager | None = None
@@ -430,9 +440,8 @@ class MultiLoraTransformersModel(CheckpointMethods, OptimizerMethods):
             batches,
             tenants,
             direct_weight_grads=self.direct_weight_grads,
-            chunk_bytes=self.options.logprob_chunk_bytes,
-            max_pass_tokens=self.options.max_pass_tokens,
-            split_batches=self.options.split_batches,
+            options=self.options,
+            recompute=self.recompute,
             agree=self._pass_agreement,
         )
 
@@ -498,8 +507,9 @@ class MultiLoraTransformersModel(CheckpointMethods, OptimizerMethods):
             [batch],
             [loss_of(batch, tenant)],
             grad=grad,
-            chunk_bytes=self.options.logprob_chunk_bytes,
+            options=self.options,
             bare=bare,
+            entropies=tenant.attached_metrics.wants_entropies(grad),
         )[0]
 
     def add_metric(
