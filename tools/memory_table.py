@@ -81,9 +81,7 @@ def measure(model_ids: list[str], tokens: int) -> list[dict]:
             model.add_adapter_to_model("a", LoraConfig(r=8, lora_alpha=16))
             vocab = model.model.get_input_embeddings().weight.shape[0]
             ids = torch.randint(10, vocab, (1, tokens), generator=torch.Generator().manual_seed(0))
-            batch = model._collate(
-                model.tenant("a"), {"input_ids": ids, "labels": ids.clone()}, {}
-            )
+            batch = model._collate(model.tenant("a"), {"input_ids": ids, "labels": ids.clone()}, {})
             weights = {p.untyped_storage().data_ptr() for p in model.model.parameters()}
             storages: dict[int, int] = {}
 
