@@ -50,10 +50,11 @@ def measure(
     threads: int | None = None,
     keep_freed_memory: bool = False,
     timeout_s: float = 1800.0,
-    max_pass_tokens: int | None = None,
+    execution: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run each of ``modes`` for ``point`` in a fresh process, one after the other
-    (``max_pass_tokens``: the Twinkle model's pass budget, ``None`` its default).
+    (``execution``: the Twinkle model's ``ExecutionOptions`` fields to set, such as
+    ``max_pass_tokens``; ``None`` its defaults).
 
     Returns:
         ``{'peak_rss_mb': {mode: MiB}, 'import_rss_mb': MiB}`` and, on CUDA,
@@ -73,7 +74,7 @@ def measure(
             "steps": steps,
             "threads": threads,
             "keep_freed_memory": keep_freed_memory,
-            "max_pass_tokens": max_pass_tokens,
+            "execution": execution or {},
         }
         done = subprocess.run(
             [sys.executable, str(HERE / "_mode_rss.py"), json.dumps(request)],
@@ -118,10 +119,10 @@ def child(request: dict[str, Any]) -> dict[str, Any]:
         request["model"], tuple(request["ranks"]), request["batch"], request.get("seq", mtt.SEQ)
     )
     options = None
-    if request.get("max_pass_tokens") is not None:
+    if request.get("execution"):
         from twinkle.model.options import ExecutionOptions
 
-        options = ExecutionOptions.from_env(max_pass_tokens=request["max_pass_tokens"])
+        options = ExecutionOptions.from_env(**request["execution"])
     _, step = mtt.mode_step(point, request["mode"], options)
     for _ in range(request.get("steps", 2)):
         step()

@@ -365,6 +365,7 @@ def run_point(
         for peer in PEERS:
             memory[f"rss_fused_vs_{peer}"] = round(peak["fused"] / peak[peer], 3)
     budget = None if options is None else options.max_pass_tokens
+    recompute = None if options is None else options.activation_recompute
     return {
         "model": point.model,
         "vocab_size": vocab_size,
@@ -390,6 +391,7 @@ def run_point(
         "bytes_ratio": round(measured / theory, 4),
         "threads": torch.get_num_threads(),
         **({} if budget is None else {"max_pass_tokens": budget}),
+        **({} if recompute in (None, "auto") else {"activation_recompute": recompute}),
         "steps": steps,
         "warmup": warmup,
         # [before, after] the timed rounds: see small_gemm_us
@@ -616,6 +618,13 @@ def main(argv: list[str] | None = None) -> int:
         " 0: every tenant in one pass); recorded in each line",
     )
     parser.add_argument(
+        "--recompute",
+        choices=("off", "auto", "on"),
+        default=None,
+        help="the Twinkle model's ExecutionOptions.activation_recompute (default: auto);"
+        " recorded in each line unless auto",
+    )
+    parser.add_argument(
         "--keep-freed-memory",
         action="store_true",
         help="call twinkle.model.memory.keep_freed_memory() first (what the server's replicas do)",
@@ -645,13 +654,19 @@ def main(argv: list[str] | None = None) -> int:
     lines = [json.dumps({"meta": {**machine(), "keep_freed_memory": kept}})]
     print(lines[0], flush=True)
     warmup, steps, budget = schedule(args.quick, args.warmup, args.steps, args.point_seconds)
-    options = None
-    if args.max_pass_tokens is not None:
-        options = ExecutionOptions.from_env(max_pass_tokens=args.max_pass_tokens)
+    execution = {
+        k: v
+        for k, v in (
+            ("max_pass_tokens", args.max_pass_tokens),
+            ("activation_recompute", args.recompute),
+        )
+        if v is not None
+    }
+    options = ExecutionOptions.from_env(**execution) if execution else None
     rss = None
     if not args.no_rss:
         rss = {"steps": args.rss_steps, "threads": args.threads, "keep_freed_memory": kept}
-        rss["max_pass_tokens"] = args.max_pass_tokens
+        rss["execution"] = execution
     for point in selected:
         lines.append(json.dumps(run_point(point, warmup, steps, budget, rss, options)))
         print(lines[-1], flush=True)
