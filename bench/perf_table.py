@@ -74,14 +74,25 @@ def render(lines: list[dict]) -> str:
             f"{p['fused_vs_peft']:.3f}",
             rss_cell,
         ]
-        for name, ok in verdict.items():
-            cells.append("" if ok is None else ("yes" if ok else "**no**"))
-            if ok is not None:
-                met, seen = totals.setdefault(name, [0, 0])
-                totals[name] = [met + int(ok), seen + 1]
-        out.append("| " + " | ".join(str(c) for c in cells) + " |")
-    summary = ", ".join(f"{name}: {met} of {seen}" for name, (met, seen) in totals.items())
-    return "\n".join(out) + f"\n\nTargets met: {summary}.\n"
+        out.append(_verdict_row(cells, verdict, totals, ("yes", "**no**")))
+    return "\n".join(out) + f"\n\nTargets met: {_summary(totals)}.\n"
+
+
+def _verdict_row(
+    cells: list, verdict: dict[str, bool | None], totals: dict[str, list[int]], words: tuple
+) -> str:
+    """One table row: ``cells`` then each verdict as ``words`` (met, unmet), counted into
+    ``totals`` (``name -> [met, judged]``)."""
+    for name, ok in verdict.items():
+        cells.append("" if ok is None else (words[0] if ok else words[1]))
+        if ok is not None:
+            met, seen = totals.setdefault(name, [0, 0])
+            totals[name] = [met + int(ok), seen + 1]
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def _summary(totals: dict[str, list[int]]) -> str:
+    return ", ".join(f"{name}: {met} of {seen}" for name, (met, seen) in totals.items())
 
 
 def real_vocab_checks(p: dict) -> dict[str, bool | None]:
@@ -132,16 +143,10 @@ def render_real_vocab(lines: list[dict]) -> str:
             f"{p['fused_vs_limit']:.3f}",
             rss_cell,
         ]
-        for name, ok in real_vocab_checks(p).items():
-            cells.append("" if ok is None else ("met" if ok else "**unmet**"))
-            if ok is not None:
-                met, seen = totals.setdefault(name, [0, 0])
-                totals[name] = [met + int(ok), seen + 1]
-        out.append("| " + " | ".join(str(c) for c in cells) + " |")
-    summary = ", ".join(f"{name}: {met} of {seen}" for name, (met, seen) in totals.items())
+        out.append(_verdict_row(cells, real_vocab_checks(p), totals, ("met", "**unmet**")))
     return (
         "\n".join(out)
-        + f"\n\nIssue 45 targets met (real vocabulary): {summary or 'none judged'}.\n"
+        + f"\n\nIssue 45 targets met (real vocabulary): {_summary(totals) or 'none judged'}.\n"
     )
 
 
