@@ -47,6 +47,9 @@ ALLOWED: dict[str, str] = {
     "model's execution is the server's execution: block",
     "model.MultiLoraTransformersModel.direct_weight_grads": "an execution option: the server's "
     "execution: block sets it",
+    "model.MultiLoraTransformersModel.recompute": "the decoder layers' recompute switch of the "
+    "local torch model; the server's execution.activation_recompute sets it",
+    "model.TransformersModel.recompute": "inherited: same reason as for MultiLoraTransformersModel",
     "model.TransformersModel.forward_backward_many": "inherited: same reason as for MultiLoraTransformersModel",
     "model.TransformersModel.clip_grad_and_step_many": "inherited: same reason as for MultiLoraTransformersModel",
     "model.TransformersModel.adapter_state_dict": "inherited: same reason as for MultiLoraTransformersModel",
