@@ -19,6 +19,7 @@ import json
 import statistics
 import time
 
+import _points
 import multi_tenant_train as mtt
 import torch
 
@@ -95,7 +96,7 @@ def main() -> None:
     keep_freed_memory()  # as the benchmark and the server run
     print(json.dumps({"gradients_bit_identical": gradients_equal(args.models[0], (8, 16, 32))}))
     for model_id in args.models:
-        for ranks in ((mtt.RANK,) * 8, mtt.MIXED_RANKS):
+        for ranks in ((_points.RANK,) * 8, _points.MIXED_RANKS):
             print(json.dumps(run_point(model_id, ranks, args.batch, args.rounds)), flush=True)
 
 

@@ -38,12 +38,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -51,7 +49,24 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import _mode_rss  # noqa: E402  (sibling modules: bench/ is on sys.path)
 import torch  # noqa: E402
+from _measure import (  # noqa: E402
+    adapter_state_bytes,
+    machine,
+    small_gemm_us,
+    tensor_state_bytes,
+    timed_steps,
+)
 from _peft_peer import PeftPeer  # noqa: E402
+from _points import (  # noqa: E402, F401  (MODELS, SEQ: read as this script's by tests, _mode_rss)
+    MANY_RANKS,
+    MANY_TENANTS,
+    MODELS,
+    REAL_VOCAB_MODELS,
+    SEQ,
+    Point,
+    points,
+    schedule,
+)
 from peft import LoraConfig  # noqa: E402
 
 from twinkle.hub import resolve_model_dir  # noqa: E402
@@ -59,35 +74,11 @@ from twinkle.model import MultiLoraTransformersModel  # noqa: E402
 from twinkle.model.lora import adapter_state_dict  # noqa: E402
 from twinkle.model.memory import keep_freed_memory  # noqa: E402
 from twinkle.model.options import ExecutionOptions  # noqa: E402
-from twinkle.model.threads import one_thread  # noqa: E402
 
-MODELS = ("tiny://qwen3.5", "tiny://qwen3.5-25m")
-# --real-vocab: the 25M body with Qwen3's real vocabulary (151,936 embedding rows).
-REAL_VOCAB_MODELS = ("tiny://qwen3-25m-vocab",)
-TENANTS = (1, 2, 4, 8)
-BATCHES = (1, 4)
-MIXED_RANKS = (8, 16, 32, 64)
-# Many-tenant points (--many-tenants): B=1, ranks cycling 8/16/32 (the issue-29 harness's mix).
-MANY_TENANTS = (32, 64, 128)
-MANY_RANKS = (8, 16, 32)
-RANK = 16
-SEQ = 128
 VOCAB_LOW, VOCAB_HIGH = 10, 4000
 LIMIT = "limit"
 FUSED_ADAM = True  # torch's single-kernel AdamW (CPU and CUDA); every mode uses the same optimizer
 LR = 1e-4
-
-
-@dataclass(frozen=True)
-class Point:
-    model: str
-    ranks: tuple[int, ...]
-    batch: int
-    seq: int = SEQ
-
-    @property
-    def tenants(self) -> int:
-        return len(self.ranks)
 
 
 def make_batch(rows: int, seq: int, seed: int) -> dict[str, torch.Tensor]:
@@ -164,33 +155,6 @@ PEERS = ("peft", "peft_gc")  # the modes stepping a PeftPeer (peft_gc: gradient 
 
 
 # --------------------------------------------------------------------------------- measurement
-def tensor_state_bytes(model: MultiLoraTransformersModel) -> int:
-    """Bytes of every distinct tensor storage the model holds: weights, grads, optimizer state."""
-    seen: dict[int, int] = {}
-
-    def add(t: Any) -> None:
-        if isinstance(t, torch.Tensor):
-            storage = t.untyped_storage()
-            seen[storage.data_ptr()] = storage.nbytes()
-
-    for p in model.model.parameters():
-        add(p)
-        add(p.grad)
-    for buf in model.model.buffers():
-        add(buf)
-    for tenant in model.tenants.values():
-        if tenant.optimizer is not None:
-            for state in tenant.optimizer.state.values():
-                for value in state.values():
-                    add(value)
-    return sum(seen.values())
-
-
-def adapter_state_bytes(model: MultiLoraTransformersModel, name: str) -> int:
-    """Theory: adapter params + grads + Adam's two moments = 4 x the parameter bytes."""
-    return 4 * sum(p.numel() * p.element_size() for p in model.tenants[name].params)
-
-
 def measure_tenant_bytes(model_id: str, ranks: tuple[int, ...]) -> tuple[float, float]:
     """(measured, theoretical) bytes per added tenant.
 
@@ -211,39 +175,6 @@ def measure_tenant_bytes(model_id: str, ranks: tuple[int, ...]) -> tuple[float, 
     measured = (tensor_state_bytes(model) - base) / len(names)
     theory = sum(adapter_state_bytes(model, n) for n in names) / len(names)
     return measured, theory
-
-
-def timed_steps(round_seconds: float, budget_seconds: float, low: int, high: int) -> int:
-    """How many timed rounds fit ``budget_seconds``, kept within ``[low, high]``.
-
-    Fast points get more samples: on a shared 2-core VM single steps vary by +-10%, and the
-    median of 15 rounds moved a ratio by +-2% between readings of the same point.
-    """
-    if round_seconds <= 0:
-        return high
-    return max(low, min(high, int(budget_seconds / round_seconds)))
-
-
-def small_gemm_us(calls: int = 1000) -> dict[str, float]:
-    """Microseconds per ``128x64 @ 64x16`` CPU ``mm`` on torch's threads and on one thread.
-
-    A probe of the host, not of Twinkle: on the 2-vCPU development VM the two-thread figure
-    moves between ~4.9 us and ~7.5 us from minute to minute while the one-thread figure stays at
-    ~4.8 us (the second vCPU answers the thread pool slowly at times). Steps made of many small
-    GEMMs (the tiny model at B=1, most of all with mixed ranks) slow down with it, so each point
-    records the probe before and after its timed rounds.
-    """
-    x, a = torch.randn(128, 64), torch.randn(16, 64)
-    out: dict[str, float] = {}
-    for label in ("threads", "one_thread"):
-        with one_thread(label == "one_thread"):
-            for _ in range(calls // 5):
-                torch.mm(x, a.t())
-            start = time.perf_counter()
-            for _ in range(calls):
-                torch.mm(x, a.t())
-            out[label] = round((time.perf_counter() - start) / calls * 1e6, 2)
-    return out
 
 
 def setup_point(
@@ -400,63 +331,6 @@ def run_point(
     }
 
 
-# --quick: one warm-up round and a 6 s budget per point (15 or more timed rounds on the tiny
-# model), so the four points take about 30 s and their medians still mean something.
-QUICK_WARMUP = 1
-QUICK_POINT_SECONDS = 6.0
-
-
-def schedule(
-    quick: bool, warmup: int, steps: int | None, point_seconds: float
-) -> tuple[int, int | None, float]:
-    """``(warmup, steps, budget_seconds)`` for every point; ``--steps`` always wins."""
-    if quick:
-        return QUICK_WARMUP, steps, min(point_seconds, QUICK_POINT_SECONDS)
-    return warmup, steps, point_seconds
-
-
-def many_ranks(n: int) -> tuple[int, ...]:
-    """``n`` tenants' ranks, cycling through ``MANY_RANKS``."""
-    return tuple(MANY_RANKS[i % len(MANY_RANKS)] for i in range(n))
-
-
-def points(
-    quick: bool,
-    models: list[str] | None = None,
-    tenants: list[int] | None = None,
-    batches: list[int] | None = None,
-    many: bool = False,
-    real_vocab: bool = False,
-) -> list[Point]:
-    """The points to run; ``tenants`` / ``batches`` keep only those N / B (the mixed-rank row
-    has N = len(MIXED_RANKS)). The many-tenant points (N in ``MANY_TENANTS``, B=1, ranks from
-    ``many_ranks``) come after the others with ``many``, or when ``tenants`` names their N.
-    ``real_vocab`` adds ``REAL_VOCAB_MODELS`` after ``models`` (default ``MODELS``); ``quick``
-    runs the first of ``models`` and, with ``real_vocab``, those too."""
-    extra = [m for m in REAL_VOCAB_MODELS if m not in (models or ())] if real_vocab else []
-    if quick:
-        quick_models = [(models or MODELS)[0], *extra]
-        out = [Point(m, (RANK,) * n, b) for m in quick_models for n in (1, 8) for b in BATCHES]
-    else:
-        models = [*(models or MODELS), *extra]
-        out = []
-        for model in models:
-            for b in BATCHES:
-                out += [Point(model, (RANK,) * n, b) for n in TENANTS]
-                out.append(Point(model, MIXED_RANKS, b))
-        for model in models:
-            out += [
-                Point(model, many_ranks(n), 1)
-                for n in MANY_TENANTS
-                if many or (tenants is not None and n in tenants)
-            ]
-    return [
-        p
-        for p in out
-        if (tenants is None or p.tenants in tenants) and (batches is None or p.batch in batches)
-    ]
-
-
 # -------------------------------------------------------------------------------- correctness
 def check(
     model_id: str = "tiny://qwen3.5",
@@ -538,16 +412,6 @@ def check_peft(
 
 
 # ---------------------------------------------------------------------------------------- main
-def machine() -> dict[str, Any]:
-    return {
-        "machine": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "load_avg_1m": round(os.getloadavg()[0], 2),
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -61,11 +61,7 @@ def render(lines: list[dict]) -> str:
         rss_cell = f"{rss['fused']:.0f}/{rss['peft']:.0f}" if isinstance(rss, dict) else "-"
         best = max(p["sliced_tps"], p["peft_tps"])
         cells = [
-            p["model"].removeprefix("tiny://"),
-            p["tenants"],
-            p["batch"],
-            _ranks(p["ranks"]),
-            f"{p['fused_tps']:.0f}",
+            *_point_cells(p),
             f"{p['sliced_tps']:.0f}",
             f"{p['peft_tps']:.0f}",
             f"{p['limit_tps']:.0f}",
@@ -89,6 +85,17 @@ def _verdict_row(
             met, seen = totals.setdefault(name, [0, 0])
             totals[name] = [met + int(ok), seen + 1]
     return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def _point_cells(p: dict) -> list:
+    """A row's first cells: model, N, B, ranks and fused tokens/s."""
+    return [
+        p["model"].removeprefix("tiny://"),
+        p["tenants"],
+        p["batch"],
+        _ranks(p["ranks"]),
+        f"{p['fused_tps']:.0f}",
+    ]
 
 
 def _summary(totals: dict[str, list[int]]) -> str:
@@ -131,11 +138,7 @@ def render_real_vocab(lines: list[dict]) -> str:
             )
         faster = max(p["peft_tps"], p["peft_gc_tps"])
         cells = [
-            p["model"].removeprefix("tiny://"),
-            p["tenants"],
-            p["batch"],
-            _ranks(p["ranks"]),
-            f"{p['fused_tps']:.0f}",
+            *_point_cells(p),
             f"{p['peft_tps']:.0f}",
             f"{p['peft_gc_tps']:.0f}",
             f"{p['limit_tps']:.0f}",

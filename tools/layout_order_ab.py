@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args(argv)
 
+    import _points
     import multi_tenant_train as mtt
     import torch
 
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    point = mtt.Point(model=args.model, ranks=mtt.many_ranks(args.tenants), batch=1)
+    point = mtt.Point(model=args.model, ranks=_points.many_ranks(args.tenants), batch=1)
     _, step = mtt.mode_step(point, "fused")
     orders = {"layout": fused._layout_key, "arrival": lambda batch, tenant: 0}
     times: dict[str, list[float]] = {name: [] for name in orders}

@@ -75,7 +75,8 @@ def measure(model_ids: list[str], tokens: int) -> list[dict]:
         for mode, flags in MODES:
             options = {
                 "linear_logprobs": flags["logits_free"],
-                "activation_recompute": "on" if flags["recompute"] else "off",
+                # the switch exists either way; this pass turns it on or leaves it off
+                "activation_recompute": "on" if flags["recompute"] else "auto",
             }
             model = MultiLoraTransformersModel(model_id, options=options)
             model.add_adapter_to_model("a", LoraConfig(r=8, lora_alpha=16))
@@ -91,23 +92,19 @@ def measure(model_ids: list[str], tokens: int) -> list[dict]:
                     storages[ptr] = t.untyped_storage().nbytes()
                 return t
 
-            on = model.recompute.enabled(flags["recompute"]) if model.recompute else None
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                if on is not None:
-                    on.__enter__()
-                try:
-                    (state,) = forward_batches(
-                        model.model,
-                        model.router,
-                        model.device,
-                        [batch],
-                        [loss_of(batch, model.tenant("a"))],
-                        grad=True,
-                        options=model.options,
-                    )
-                finally:
-                    if on is not None:
-                        on.__exit__(None, None, None)
+            with (
+                model.recompute.enabled(flags["recompute"]),
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+            ):
+                (state,) = forward_batches(
+                    model.model,
+                    model.router,
+                    model.device,
+                    [batch],
+                    [loss_of(batch, model.tenant("a"))],
+                    grad=True,
+                    options=model.options,
+                )
             saved = sum(storages.values())
             state.logprobs.sum().backward()
             shape = ModelShape.of(model.model)

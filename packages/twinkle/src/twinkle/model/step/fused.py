@@ -109,12 +109,14 @@ def fused_forward_backward(
         batches,
         [s or b.num_samples == 1 for s, b in zip(splittable, batches)],
         shape,
-        memory_limit_bytes(device),
+        functools.partial(memory_limit_bytes, device),
         logits_free=logits_free,
         recompute=mode != "off",
         fixed_bytes=head_chunk_bytes(options.linear_chunk_bytes, shape.dtype_bytes)
         if logits_free
         else 0,
+        # the device's own budget fits by construction; a configured one is the user's word
+        budget=budget if options.max_pass_tokens is None else None,
     )
     # Packed in layout order (see _layout_key): same-rank tenants share passes and sit side by
     # side in them, and similar lengths pad less.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -224,14 +224,17 @@ def refuse_unfit(
     batches: Sequence[TenantBatch],
     splittable: Sequence[bool],
     shape: ModelShape,
-    limit_bytes: int,
+    limit_bytes: Callable[[], int],
     *,
     logits_free: bool,
     recompute: bool,
     fixed_bytes: int = 0,
+    budget: int | None = None,
 ) -> None:
-    """Refuse, before any work, a batch whose smallest pass cannot fit ``limit_bytes``: one row
-    when its rows may be cut into passes, else the whole batch.
+    """Refuse, before any work, a batch whose smallest pass cannot fit ``limit_bytes()``: one
+    row when its rows may be cut into passes, else the whole batch. Units within ``budget``
+    tokens (the pass budget, which fits by construction) are not checked, so an ordinary step
+    never reads the memory figure.
 
     Raises:
         InvalidArgumentError: Naming the tenant, the tokens that do not fit, the tokens that
@@ -240,10 +243,15 @@ def refuse_unfit(
     from twinkle.errors import InvalidArgumentError
 
     per_token = shape.bytes_per_token(logits_free=logits_free, recompute=recompute)
-    fit = max(0, (limit_bytes - fixed_bytes) // per_token)
+    limit = fit = None
     for batch, split in zip(batches, splittable):
         rows, seq = batch.num_samples, batch.tensors["input_ids"].shape[1]
         tokens = seq if split else rows * seq
+        if budget is not None and tokens <= budget:
+            continue
+        if limit is None:
+            limit = limit_bytes()
+            fit = max(0, (limit - fixed_bytes) // per_token)
         if tokens <= fit:
             continue
         unit = f"a row of {seq} tokens" if split or rows == 1 else f"{rows} rows x {seq} tokens"
@@ -258,7 +266,7 @@ def refuse_unfit(
         raise InvalidArgumentError(
             f"adapter {batch.tenant!r}: {unit} needs about {_size(need)} of activations"
             f"{' with activation recompute' if recompute else ''}, but this replica has "
-            f"{_size(limit_bytes)} free: at most {fit} tokens fit in one pass; {advice}. "
+            f"{_size(limit)} free: at most {fit} tokens fit in one pass; {advice}. "
             "Nothing was run."
         )
 
