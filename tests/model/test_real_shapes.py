@@ -170,7 +170,7 @@ def test_auto_recomputes_only_the_pass_over_the_budget():
 
 def test_a_row_that_fits_no_memory_is_refused_before_any_work(monkeypatch):
     m = _model(activation_recompute="auto")
-    monkeypatch.setattr(fused_module, "memory_limit_bytes", lambda device: 140 << 20)
+    monkeypatch.setattr(fused_module, "memory_limit_bytes", lambda *_: 140 << 20)
     calls = []
     m.model.model.register_forward_pre_hook(lambda *_: calls.append(1))
     request = {"sft": {"inputs": make_batch(rows=1, seq=4096, seed=3, vocab=VOCAB)}}

@@ -39,6 +39,7 @@ class CookbookServer:
     base_url: str
     env: dict[str, str]  # what every recipe process runs with
     log: Path
+    pid: int = 0  # the server's process (``--local``: every application's replica in it)
 
 
 def cookbook_python() -> str:
@@ -51,8 +52,9 @@ def cookbook_python() -> str:
     pytest.skip(f"no tinker-cookbook venv: run tools/make_cookbook_venv.sh and set {PYTHON_ENV}")
 
 
-def write_server_config(path: Path, port: int) -> None:
-    """The tiny config, its model and sampler served as ``MODEL_NAME`` with ``MAX_LENGTH``."""
+def write_server_config(path: Path, port: int, execution: dict | None = None) -> None:
+    """The tiny config, its model and sampler served as ``MODEL_NAME`` with ``MAX_LENGTH``;
+    ``execution``: the model's ``execution:`` block."""
     config = yaml.safe_load(TINY_CONFIG.read_text())
     config["http_options"]["port"] = port
     server_app, model_app, sampler_app = config["applications"][:3]
@@ -68,6 +70,8 @@ def write_server_config(path: Path, port: int) -> None:
         app["args"]["model_id"] = f"ms://{MODEL_NAME}"
         app["args"]["max_length"] = MAX_LENGTH
     model_app["args"]["max_loras"] = 16
+    if execution:
+        model_app["args"]["execution"] = {**model_app["args"].get("execution", {}), **execution}
     path.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
@@ -91,8 +95,9 @@ def _wait_healthy(base_url: str, server: subprocess.Popen, log: Path, timeout_s:
 
 
 @contextlib.contextmanager
-def launched_cookbook_server(root: Path):
-    """``twinkle-server launch --local`` on the tiny model, seeded caches, a ``tml-`` key."""
+def launched_cookbook_server(root: Path, execution: dict | None = None):
+    """``twinkle-server launch --local`` on the tiny model, seeded caches, a ``tml-`` key;
+    ``execution``: the model's ``execution:`` block."""
     python = cookbook_python()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TINKER_", "TWINKLE_SERVER"))}
     env.update(
@@ -112,7 +117,7 @@ def launched_cookbook_server(root: Path):
         )  # fmt: skip
     port = _free_port()
     config = root / "server_config.yaml"
-    write_server_config(config, port)
+    write_server_config(config, port, execution)
     log = root / "server.log"
     with open(log, "wb") as out:
         server = subprocess.Popen(
@@ -129,7 +134,7 @@ def launched_cookbook_server(root: Path):
             "TINKER_API_KEY": API_KEY,
             "TWINKLE_COOKBOOK_PYTHON": python,
         }
-        yield CookbookServer(base_url=base_url, env=recipe_env, log=log)
+        yield CookbookServer(base_url=base_url, env=recipe_env, log=log, pid=server.pid)
     finally:
         if server.poll() is None:
             server.send_signal(signal.SIGINT)

@@ -32,6 +32,11 @@ class StateOrderError(TwinkleError, RuntimeError):
     """A call out of order, such as ``step`` before ``forward_backward``."""
 
 
+class NonFiniteUpdateError(TwinkleError, FloatingPointError):
+    """An optimizer step that would make an adapter's weights non-finite (NaN or infinite): it
+    was not applied, and the adapter is as it was before the call."""
+
+
 class PathNotFoundError(TwinkleError, FileNotFoundError):
     """A path the caller named (an adapter or checkpoint directory) does not exist."""
 
@@ -43,6 +48,7 @@ class PathForbiddenError(TwinkleError, PermissionError):
 __all__ = [
     "ArgumentTypeError",
     "InvalidArgumentError",
+    "NonFiniteUpdateError",
     "PathForbiddenError",
     "PathNotFoundError",
     "StateOrderError",

@@ -8,7 +8,7 @@ from typing import Any
 
 from twinkle.server.config import ServerArgs, ServerConfig
 from twinkle.server.signing import Signer
-from twinkle.server.state import ServerState
+from twinkle.server.state.server_state import ServerState, StateLimits
 from twinkle.server.web import Authenticator, authenticator_from
 
 
@@ -47,7 +47,11 @@ def build_context(config: ServerConfig | dict[str, Any], store: Any = None) -> S
 
     if isinstance(config, dict):
         config = ServerConfig.model_validate(config)
-    state = ServerState(store if store is not None else shared_store(config.persistence))
+    args = gateway_args(config)
+    state = ServerState(
+        store if store is not None else shared_store(config.persistence),
+        limits=StateLimits.of(args),
+    )
     signer = Signer(state)
     auth = ApiKeyAuth(
         keys=config.auth.api_keys,
@@ -59,7 +63,6 @@ def build_context(config: ServerConfig | dict[str, Any], store: Any = None) -> S
         file_digests=config.auth.api_keys_file_sha256,
         reload_interval_s=config.auth.api_keys_reload_s,
     )
-    args = gateway_args(config)
     authenticate = authenticator_from(auth)
     if args.rps_limit_per_key:
         authenticate = per_key_rate_limited(authenticate, args.rps_limit_per_key)

@@ -110,9 +110,18 @@ def resolve_builder(import_path: str) -> Callable[[ApplicationConfig, ServerConf
 # that ask a model for its address (``GET .../endpoint``) skip Serve's proxy; it is on only for
 # a loopback host unless ``http_options.direct_ingress`` says otherwise. Without a draining
 # period, stopping the server does not wait 30 s for external load balancers.
+# Memory: Ray's memory monitor, at 95% of the node's memory, kills "retriable" workers first,
+# and those are the Serve controller, the gateway, the processor and the state store (actors
+# Ray restarts), never a Serve replica: the control plane died for memory a model replica
+# held. Each model replica keeps itself within its memory budget instead
+# (``execution.memory_budget_mb``, twinkle.server.placement.memory_budget_mb), and should one
+# still run the node out of memory, the kernel's OOM killer picks the largest of Ray's workers
+# (Ray gives them all the same oom_score_adj, Ray's own daemons none): the replica that holds
+# the memory, which Serve then starts again.
 LOCAL_RAY_ENV = {
     "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
     "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0",
+    "RAY_memory_monitor_refresh_ms": "0",
 }
 
 

@@ -11,9 +11,17 @@ applications never share a GPU unless a config asks for fractional ``num_gpus`` 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from twinkle.server.config import ApplicationConfig
+from twinkle.server.config import ApplicationConfig, ServerConfig
+
+#: What a CPU node keeps for everything but the model replicas: Ray's own processes, the Serve
+#: controller, the gateway, the processor and the state store (about 200 MB each), the sampler.
+CONTROL_PLANE_RESERVE_MB = 3 << 10
+#: Share of the node's memory the model replicas split among them: Ray's memory monitor kills
+#: workers at 95% of the node's memory, and a replica must never be what takes it there.
+MODEL_SHARE = 0.8
 
 
 def group_gpus(app_config: ApplicationConfig) -> int:
@@ -101,3 +109,43 @@ def placement_of(component: Any) -> dict[str, Any]:
     if callable(placements):
         report["workers"] = placements()
     return report
+
+
+def memory_budget_mb(app_config: ApplicationConfig, config: ServerConfig) -> int | None:
+    """The memory budget of one replica of a ``model`` application (``execution.memory_budget_mb``
+    when the config gives one): its deployment's Ray ``memory`` resource when given (Ray places
+    the replica where that much is free), else, on a CPU replica, an equal share of
+    :data:`MODEL_SHARE` of this node's memory less :data:`CONTROL_PLANE_RESERVE_MB`, among the
+    config's model replicas. ``None`` for a replica on accelerators: the device's free memory
+    bounds its passes."""
+    execution = getattr(app_config.args, "execution", None)
+    if execution is not None and execution.memory_budget_mb is not None:
+        return execution.memory_budget_mb
+    actor = app_config.deployments[0].ray_actor_options if app_config.deployments else None
+    if actor is not None and actor.memory:
+        return max(1, actor.memory >> 20)
+    if group_gpus(app_config) > 0:
+        return None
+    replicas = sum(
+        sum(_most_replicas(d) for d in app.deployments) or 1
+        for app in config.applications
+        if app.import_path == "model"
+    )
+    total = _node_memory_mb()
+    return max(1, int((total - CONTROL_PLANE_RESERVE_MB) * MODEL_SHARE / max(1, replicas)))
+
+
+def _most_replicas(deployment: Any) -> int:
+    scaling = deployment.autoscaling_config
+    return deployment.num_replicas or (scaling.max_replicas if scaling is not None else 1)
+
+
+def _node_memory_mb() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) >> 10
+    except OSError:
+        pass
+    return (os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")) >> 20

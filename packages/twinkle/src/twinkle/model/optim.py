@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from twinkle.errors import ArgumentTypeError, InvalidArgumentError
+from twinkle.model.numerics import check_optimizer_kwargs, check_value
 
 OPTIMIZERS = {
     "Adam": torch.optim.Adam,
@@ -27,7 +28,9 @@ def build_optimizer(
     unless ``kwargs`` choose ``fused`` or ``foreach`` themselves.
 
     Raises:
-        ValueError: Unknown name, or a non-positive learning rate.
+        ValueError: Unknown name, or a hyper-parameter outside its range
+            (:data:`twinkle.model.numerics.RANGES`: ``lr`` in (0, 10], ``betas`` in [0, 1),
+            ``eps`` in (0, 1], ``weight_decay`` in [0, 1], ...).
     """
     if isinstance(spec, str):
         if spec not in OPTIMIZERS:
@@ -41,10 +44,8 @@ def build_optimizer(
         raise ArgumentTypeError(
             f"optimizer must be a name or a torch.optim.Optimizer subclass, got {spec!r}"
         )
-    lr = kwargs.get("lr", 1e-4)
-    if not isinstance(lr, (int, float)) or lr <= 0:
-        raise InvalidArgumentError(f"learning rate must be > 0, got {lr!r}")
-    kwargs["lr"] = lr
+    kwargs.setdefault("lr", 1e-4)
+    check_optimizer_kwargs(kwargs)
     if (
         fused_adam
         and cls in (torch.optim.Adam, torch.optim.AdamW)
@@ -122,6 +123,10 @@ def build_scheduler(spec: Any, optimizer: torch.optim.Optimizer, **kwargs: Any):
     if isinstance(spec, str):
         if spec in _LAMBDA_SCHEDULES:
             max_lr = kwargs.pop("max_lr", None)
+            if max_lr is not None:
+                check_value("max_lr", max_lr, f"lr scheduler {spec!r}: ")
+            if "min_lr_ratio" in kwargs:
+                check_value("min_lr_ratio", kwargs["min_lr_ratio"], f"lr scheduler {spec!r}: ")
             if max_lr is not None:
                 for group in optimizer.param_groups:
                     group["lr"] = max_lr

@@ -67,6 +67,12 @@ class ExecutionOptions:
             results, about a third more compute). ``auto``: only for a pass that exceeds the
             pass budget without it (a batch or a row too long to share or cut); ``on``: every
             training pass; ``off``: never (a row too long for memory without it is refused).
+        memory_budget_mb: The most memory, in MiB, this process's model may hold: weights,
+            tenants' states and a pass's activations together. A batch whose pass would go
+            beyond it runs as row chunks where its rows may be cut, else is refused before any
+            work (:mod:`twinkle.model.step.plan`); after a step, freed memory the process keeps
+            above it goes back to the operating system. ``None``: what the device has (a GPU's
+            free memory; on a CPU, what the operating system reports available).
     """
 
     lora_kernel: LoraKernel = "auto"
@@ -83,6 +89,7 @@ class ExecutionOptions:
     linear_logprobs: bool = True
     linear_chunk_bytes: int = 128 << 20
     activation_recompute: Recompute = "auto"
+    memory_budget_mb: int | None = None
 
     def __post_init__(self) -> None:
         if self.lora_kernel not in _KERNELS:
@@ -107,6 +114,11 @@ class ExecutionOptions:
             not isinstance(value, int) or isinstance(value, bool) or value < 0
         ):
             raise ValueError(f"max_pass_tokens must be an integer >= 0 or null, got {value!r}")
+        value = self.memory_budget_mb
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or value < 1
+        ):
+            raise ValueError(f"memory_budget_mb must be an integer >= 1 or null, got {value!r}")
 
     @classmethod
     def from_env(

@@ -53,6 +53,12 @@ class ExecutionConfig(StrictModel):
     linear_chunk_bytes: int | None = Field(default=None, ge=1)
     activation_recompute: Literal["off", "auto", "on"] | None = None
     """Decoder-layer recompute in training passes (``auto``: only where a pass would not fit)."""
+    memory_budget_mb: int | None = Field(default=None, ge=1)
+    """Most memory (MiB) a model replica may hold: weights, tenants' states and a pass's
+    activations. A batch over it runs as row chunks or is refused before any work. Default: the
+    replica's Ray ``memory`` resource when given, else on a CPU node an equal share of the node's
+    memory among the config's model replicas (:func:`twinkle.server.placement.memory_budget_mb`),
+    on a GPU the device's free memory."""
 
     def options(self) -> Any:
         """The ``ExecutionOptions`` these settings give (unset fields: defaults)."""
@@ -127,6 +133,26 @@ class ServerArgs(StrictModel):
     future_ttl_s: float = Field(default=3600, gt=0)
     checkpoint_ttl_s: float | None = Field(default=None, gt=0)
     keep_last_checkpoints: int | None = Field(default=None, ge=1)
+    max_metadata_bytes: int = Field(
+        default=64 * 1024,
+        ge=0,
+        description="JSON size of one session's user_metadata and tags, or one training run's "
+        "user_metadata; over it a 413",
+    )
+    max_tenant_metadata_bytes: int = Field(
+        default=1 * MiB,
+        ge=0,
+        description="what all of one tenant's kept sessions and runs store as metadata; over it "
+        "(after its oldest finished sessions are compacted) a 403",
+    )
+    keep_finished_sessions: int = Field(
+        default=100, ge=1, description="finished sessions kept per tenant (older: compacted)"
+    )
+    finished_session_ttl_s: float | None = Field(
+        default=7 * 86400,
+        gt=0,
+        description="seconds a finished session is kept after its last heartbeat (None: no TTL)",
+    )
 
     @model_validator(mode="before")
     @classmethod

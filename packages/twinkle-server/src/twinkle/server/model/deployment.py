@@ -21,6 +21,7 @@ from twinkle.server.model.service import ModelService
 from twinkle.server.placement import (
     megatron_rank_options,
     megatron_world,
+    memory_budget_mb,
     placement_of,
     worker_options,
 )
@@ -60,7 +61,9 @@ def build_service(app_config: ApplicationConfig, context) -> ModelService:
             kwargs.pop("dp_size", None)
             kwargs["ep_size"] = mesh.ep_size
     torch_backend = args.backend != "mock"
-    options = args.execution.options()
+    options = args.execution.options().replace(
+        memory_budget_mb=memory_budget_mb(app_config, context.config)
+    )
     if torch_backend:
         kwargs["options"] = options
     model, executor = build_on_model_thread(

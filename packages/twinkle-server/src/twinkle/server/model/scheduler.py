@@ -10,12 +10,22 @@ fused tenants' rows into passes of at most ``execution.max_pass_tokens`` tokens 
 (``twinkle.model.step.plan``), so a wide group of large batches runs as several passes whose
 gradients accumulate, and a group of small ones as one.
 
+Sizes: a small call must not wait for a large one it happens to meet. Each fusable call has a
+size (its input tokens, by ``cost``). A fused group holds at most ``max(group_tokens,
+size_ratio x the smallest waiting call)`` tokens, filled in round-robin order: calls too large for
+it wait for a group of their own. When the tenant first in line has such a large call, the small
+group runs first, once: that large call then runs at its next turn, with whatever fits
+``max_fused`` (calls that would wait for it anyway ride along). So a small call shares a fused
+call only with calls of its size class, and starts at the latest after the call in progress and
+one larger call; a large call yields to at most one small group.
+
 Gathering: a training client sends its next call a short "think time" after it got the answer to
 its previous one. When a fusable group is smaller than it could be and some tenants are exactly in
 that gap (their last call just finished, nothing queued) and usually arrive within
 ``fuse_wait_s`` of the group's oldest call, the group waits for them, at most until each one's
 latest expected arrival (twice its usual think time, plus 2 ms) and never past that window. Heads
-of another kind that are ready run in the meantime. Without this, clients that drifted apart stay
+of another kind that are ready run in the meantime; a tenant whose calls are usually too large for
+the group is not waited for. Without this, clients that drifted apart stay
 apart: half of them run ``forward_backward`` while the other half step, and every pass is half as
 wide as it could be.
 """
@@ -48,6 +58,8 @@ class Task:
     future: asyncio.Future
     enqueued_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None
+    size: int = 0  # input tokens (``cost``); 0 for calls without inputs
+    yielded: bool = False  # gave its turn to a group of smaller calls once
 
 
 class FairScheduler:
@@ -66,6 +78,11 @@ class FairScheduler:
         fuse_wait_s: Longest a fusable group waits for tenants expected to join it (0: never).
         fusable: The kinds whose heads may run together (a subset of :data:`FUSABLE`; others
             always run one by one).
+        group_tokens: Tokens a fused group may always hold (0: no size rule; every waiting head
+            of a kind fuses, up to ``max_fused``).
+        size_ratio: A fused group may hold this many times its smallest call's tokens, when that
+            is more than ``group_tokens``.
+        cost: Input tokens of a task's payload (default: :func:`payload_tokens`).
     """
 
     def __init__(
@@ -77,8 +94,14 @@ class FairScheduler:
         executor: ThreadPoolExecutor | None = None,
         fuse_wait_s: float = 0.02,
         fusable: tuple[str, ...] = FUSABLE,
+        group_tokens: int = 2048,
+        size_ratio: float = 4.0,
+        cost: Callable[[Any], int] | None = None,
     ) -> None:
         self._run_single, self._run_fused = run_single, run_fused
+        self.group_tokens, self.size_ratio = max(0, group_tokens), max(1.0, size_ratio)
+        self._cost = cost or payload_tokens
+        self._size: dict[str, float] = {}  # tenant -> typical size of its fusable calls
         self.fusable = tuple(kind for kind in fusable if kind in FUSABLE)
         self.max_fused = max(1, max_fused)
         self.fuse_wait_s = max(0.0, fuse_wait_s)
@@ -103,6 +126,11 @@ class FairScheduler:
             self._wakeup = asyncio.Event()
             self._worker = loop.create_task(self._loop())
         task = Task(tenant, kind, payload, loop.create_future())
+        if kind in self.fusable and self.group_tokens:
+            task.size = max(0, int(self._cost(payload) or 0))
+            if kind == "forward_backward":
+                before = self._size.get(tenant)
+                self._size[tenant] = task.size if before is None else 0.5 * (before + task.size)
         done = self._last_done.pop(tenant, None)
         if done is not None:
             gap = task.enqueued_at - done
@@ -149,17 +177,41 @@ class FairScheduler:
             if first.kind in seen:
                 continue
             seen.add(first.kind)
-            batch = [task for _, task in heads if task.kind == first.kind][: self.max_fused]
+            batch, room = self._group([task for _, task in heads if task.kind == first.kind])
             if len(batch) < self.max_fused and expected:
                 deadline = min(task.enqueued_at for task in batch) + self.fuse_wait_s
-                # Only tenants that usually arrive within the window are worth waiting for.
-                dues = [due for typical, due in expected.values() if typical <= deadline]
+                # Only tenants that usually arrive within the window, with a call that usually
+                # fits the group, are worth waiting for.
+                sized = first.kind == "forward_backward"
+                dues = [
+                    due
+                    for tenant, (typical, due) in expected.items()
+                    if typical <= deadline and (not sized or self._size.get(tenant, 0) <= room)
+                ]
                 until = min(max(dues), deadline) if dues else now
                 if until > now:
                     wait_until = until if wait_until is None else min(wait_until, until)
                     continue
+            if batch[0] is not first:
+                first.yielded = True  # its turn goes to the smaller calls, once
             return self._take(batch), None
         return [], wait_until
+
+    def _group(self, heads: list[Task]) -> tuple[list[Task], float]:
+        """The heads of one kind (round-robin order) that run together, and the tokens the
+        group still has room for."""
+        if not self.group_tokens:
+            return heads[: self.max_fused], float("inf")
+        cap = max(self.group_tokens, self.size_ratio * min(task.size for task in heads))
+        small, total = [], 0
+        for task in heads:
+            if len(small) < self.max_fused and total + task.size <= cap:
+                small.append(task)
+                total += task.size
+        if small[0] is heads[0] or not heads[0].yielded:
+            return small, cap - total
+        # The larger call's turn: those waiting behind it anyway ride along.
+        return heads[: self.max_fused], 0.0
 
     def _take(self, batch: list[Task]) -> list[Task]:
         for task in batch:
@@ -232,6 +284,7 @@ class FairScheduler:
         if task.kind in ENDS_TENANT:
             self._last_done.pop(task.tenant, None)
             self._think_s.pop(task.tenant, None)
+            self._size.pop(task.tenant, None)
         elif not self._queues.get(task.tenant):
             self._last_done[task.tenant] = time.monotonic()
         loop = task.future.get_loop()
@@ -252,6 +305,14 @@ class FairScheduler:
         if self._worker is not None:
             self._worker.cancel()
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def payload_tokens(payload: Any) -> int:
+    """Input tokens of a queued call: those of its request (``payload.request``, the service's
+    ``Job``), else of the payload itself; 0 when it has no inputs."""
+    from twinkle.server.model.operations import count_tokens
+
+    return count_tokens(getattr(payload, "request", payload))
 
 
 def _set_result(future: asyncio.Future, value: Any) -> None:

@@ -18,9 +18,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from twinkle.server.state._base import StateBase
+from twinkle.server.state._sessions import SESSION_INFO, check_name
 from twinkle.server.state.records import CheckpointRecord, SamplingSessionRecord, SessionRecord
 
-AUDIT, USAGE, SESSION_INFO = "audit/", "usage/", "session_info/"
+AUDIT, USAGE = "audit/", "usage/"
+#: Longest finish detail a session keeps (a client's traceback is cut, not refused).
+MAX_DETAIL_CHARS = 4096
 FLUSH_S = 5.0
 HOUR_S = 3600
 _EVENT_SEQ = itertools.count()
@@ -102,6 +105,8 @@ class ActivityMixin(StateBase):
     # -- the audited operations -----------------------------------------------------------------
     def create_session(self, owner: str, *args: Any, **kwargs: Any) -> SessionRecord:
         info = {k: kwargs.pop(k) for k in ("project_id", "display_name") if k in kwargs}
+        for field, value in info.items():
+            check_name(value, field)
         record = super().create_session(owner, *args, **kwargs)  # type: ignore[misc]
         if any(v is not None for v in info.values()):
             self.update_session_info(owner, record.session_id, **info)
@@ -111,9 +116,12 @@ class ActivityMixin(StateBase):
     def finish_session(
         self, owner: str, session_id: str, reason: str | None = None, detail: str | None = None
     ) -> SessionRecord:
+        check_name(reason, "reason")
         already = self.get_session(owner, session_id).finished  # type: ignore[attr-defined]
         record = super().finish_session(owner, session_id)  # type: ignore[misc]
         if not already:
+            if isinstance(detail, str):
+                detail = detail[:MAX_DETAIL_CHARS]
             self.update_session_info(owner, session_id, finish_reason=reason, finish_detail=detail)
             self.record_event(owner, "session_finish", session_id=session_id, reason=reason)
         return record
@@ -127,6 +135,8 @@ class ActivityMixin(StateBase):
 
     def update_session_info(self, owner: str, session_id: str, **fields: Any) -> SessionInfoRecord:
         """Change the project, display name or finish reason of ``owner``'s session."""
+        for field in ("project_id", "display_name"):
+            check_name(fields.get(field), field)
         self.get_session(owner, session_id)  # type: ignore[attr-defined]  # NotFound for others
 
         def change(current: dict[str, Any] | None) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
@@ -21,17 +22,58 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+KiB, MiB, DAY_S = 1024, 1024 * 1024, 86400.0
+
+
+@dataclass(frozen=True)
+class StateLimits:
+    """How much one tenant may keep in the shared state (the gateway's ``server`` args).
+
+    Args:
+        max_metadata_bytes: JSON size of one session's ``user_metadata`` and ``tags`` together,
+            or of one training run's ``user_metadata``; over it a 413.
+        max_tenant_metadata_bytes: What all of one tenant's kept sessions and runs hold together;
+            over it (after dropping the tenant's oldest finished sessions to make room) a 403.
+        keep_finished_sessions: Finished sessions kept per tenant; older ones are compacted.
+        finished_session_ttl_s: Seconds a finished session is kept after its last heartbeat
+            (``None``: until ``keep_finished_sessions`` pushes it out).
+    """
+
+    max_metadata_bytes: int = 64 * KiB
+    max_tenant_metadata_bytes: int = 1 * MiB
+    keep_finished_sessions: int = 100
+    finished_session_ttl_s: float | None = 7 * DAY_S
+
+    @classmethod
+    def of(cls, args: Any) -> StateLimits:
+        """The limits a ``ServerArgs`` (or any object with these attributes) sets."""
+        default = cls()
+        return cls(
+            **{
+                name: getattr(args, name, getattr(default, name))
+                for name in cls.__dataclass_fields__
+            }
+        )
+
+
 class StateBase:
     """Owner-scoped access to typed records in a :class:`KVStore`.
 
     Args:
         store: Where records live.
         clock: Seconds since the epoch; injectable for tests.
+        limits: What one tenant may keep (default: :class:`StateLimits`' defaults).
     """
 
-    def __init__(self, store: KVStore, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        store: KVStore,
+        clock: Callable[[], float] = time.time,
+        limits: StateLimits | None = None,
+    ) -> None:
         self.store = store
         self.clock = clock
+        self.limits = limits or StateLimits()
 
     @staticmethod
     def _text_id(value: Any, field: str) -> str:

@@ -1,16 +1,69 @@
-"""Sessions, training runs and sampling sessions of :class:`ServerState`."""
+"""Sessions, training runs and sampling sessions of :class:`ServerState`.
+
+What a tenant stores is bounded (:class:`~twinkle.server.state._base.StateLimits`): each session's
+``user_metadata`` and ``tags`` and each run's ``user_metadata`` have a size cap, and one ledger per
+tenant (``quota/<owner>``, changed atomically) holds the size of every such record, so the tenant's
+total holds under any interleaving. Finished sessions are compacted (their records deleted, their
+runs' metadata dropped, their bytes given back) past ``keep_finished_sessions`` or their TTL, and
+to make room when the tenant's total is reached.
+"""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from twinkle.server.errors import PayloadTooLarge
 from twinkle.server.state._base import StateBase, new_id
-from twinkle.server.state.errors import BadRequestError, ConflictError, GoneError
+from twinkle.server.state.errors import BadRequestError, ConflictError, ForbiddenError, GoneError
 from twinkle.server.state.paths import validate_id
 from twinkle.server.state.records import SamplingSessionRecord, SessionRecord, TrainingRunRecord
 
-SESSION, RUN, SAMPLING = "session/", "run/", "sampling/"
-_FROZEN_RUN_FIELDS = frozenset({"training_run_id", "owner", "session_id", "created_at"})
+SESSION, RUN, SAMPLING, QUOTA = "session/", "run/", "sampling/", "quota/"
+SESSION_INFO = "session_info/"
+_FROZEN_RUN_FIELDS = frozenset(
+    {"training_run_id", "owner", "session_id", "created_at", "user_metadata"}
+)
+#: A ledger entry whose record is missing is dropped only this long after it was written (its
+#: record may be about to be created).
+STALE_ENTRY_S = 60.0
+#: Longest ``sdk_version``, ``project_id`` or ``display_name`` a session keeps.
+MAX_NAME_CHARS = 1024
+
+
+def json_size(value: Any) -> int:
+    """Bytes ``value`` takes in the store (compact JSON; empty values take none)."""
+    return len(json.dumps(value, separators=(",", ":"))) if value else 0
+
+
+class OverQuotaError(ForbiddenError):
+    """The tenant's stored metadata would pass ``max_tenant_metadata_bytes``."""
+
+
+def _ledger_add(owner: str, key: str, size: int, now: float, limit: int):
+    def add(current: dict[str, Any] | None) -> dict[str, Any]:
+        records = dict((current or {}).get("records", {}))
+        used = sum(entry[0] for k, entry in records.items() if k != key)
+        if used + size > limit:
+            raise OverQuotaError(
+                f"this tenant's sessions and runs store {used} bytes of user_metadata and tags; "
+                f"{size} more would pass max_tenant_metadata_bytes={limit}: finish sessions "
+                "or store less"
+            )
+        records[key] = [size, now]
+        return {"owner": owner, "records": records}
+
+    return add
+
+
+def _ledger_drop(keys: list[str]):
+    def drop(current: dict[str, Any] | None) -> dict[str, Any] | None:
+        if current is None:
+            return None
+        records = {k: v for k, v in current.get("records", {}).items() if k not in keys}
+        return {**current, "records": records} if records else None
+
+    return drop
 
 
 class SessionsMixin(StateBase):
@@ -25,18 +78,26 @@ class SessionsMixin(StateBase):
         sdk_version: str | None = None,
         session_id: str | None = None,
     ) -> SessionRecord:
-        """Open a session for ``owner`` (a fresh random id unless ``session_id`` is given)."""
+        """Open a session for ``owner`` (a fresh random id unless ``session_id`` is given).
+
+        Raises:
+            PayloadTooLarge: ``user_metadata`` and ``tags`` over ``max_metadata_bytes`` (413).
+            OverQuotaError: The tenant's total would pass ``max_tenant_metadata_bytes`` (403).
+        """
         now = self.clock()
+        tags, user_metadata = list(tags or []), dict(user_metadata or {})
+        check_name(sdk_version, "sdk_version")
+        size = self._capped(json_size(user_metadata) + json_size(tags), "a session", "and tags")
         record = SessionRecord(
             session_id=validate_id(session_id or new_id("sess"), "session id"),
             owner=self._owner(owner),
             created_at=now,
             last_heartbeat=now,
-            tags=list(tags or []),
-            user_metadata=dict(user_metadata or {}),
+            tags=tags,
+            user_metadata=user_metadata,
             sdk_version=sdk_version,
         )
-        self._create(SESSION + record.session_id, record, "session")
+        self._create_counted(SESSION + record.session_id, record, "session", size)
         return record
 
     def get_session(self, owner: str, session_id: str) -> SessionRecord:
@@ -58,14 +119,17 @@ class SessionsMixin(StateBase):
         )
 
     def finish_session(self, owner: str, session_id: str) -> SessionRecord:
-        """Mark the session finished (idempotent)."""
-        return self._modify(
-            SESSION + session_id,
+        """Mark the session finished (idempotent); compact ``owner``'s finished sessions past
+        ``keep_finished_sessions`` or their TTL (never this one)."""
+        record = self._modify(
+            SESSION + self._text_id(session_id, "session_id"),
             SessionRecord,
             owner,
             "session",
             lambda r: r.model_copy(update={"finished": True}),
         )
+        self.compact_sessions(owner, spare=session_id)
+        return record
 
     def list_sessions(self, owner: str, include_finished: bool = False) -> list[SessionRecord]:
         """``owner``'s sessions, oldest first."""
@@ -102,6 +166,8 @@ class SessionsMixin(StateBase):
         """
         if self.get_session(owner, session_id).finished:
             raise ConflictError("session is finished")
+        user_metadata = dict(user_metadata or {})
+        size = self._capped(json_size(user_metadata), "a training run", "")
         now = self.clock()
         run_id = training_run_id or f"{session_id}:train:{model_seq_id}"
         record = TrainingRunRecord(
@@ -114,10 +180,10 @@ class SessionsMixin(StateBase):
             lora_config=dict(lora_config or {}),
             created_at=now,
             last_request_time=now,
-            user_metadata=dict(user_metadata or {}),
+            user_metadata=user_metadata,
             adapter_name=adapter_name,
         )
-        self._create(RUN + record.training_run_id, record, "training run")
+        self._create_counted(RUN + record.training_run_id, record, "training run", size)
         return record
 
     def get_run(self, owner: str, run_id: str) -> TrainingRunRecord:
@@ -190,3 +256,120 @@ class SessionsMixin(StateBase):
             owner,
             "sampling session",
         )
+
+    # -- what a tenant keeps ----------------------------------------------------------------------
+    def compact_sessions(self, owner: str | None = None, spare: str | None = None) -> list[str]:
+        """Compact the finished sessions (of ``owner``, else of every tenant) past
+        ``keep_finished_sessions`` (oldest first, by last heartbeat) or older than
+        ``finished_session_ttl_s``, never ``spare``; returns their ids."""
+        limits, now = self.limits, self.clock()
+        finished: dict[str, list[SessionRecord]] = {}
+        for s in self._all(SESSION, SessionRecord, owner):
+            if s.finished and s.session_id != spare:
+                finished.setdefault(s.owner, []).append(s)
+        keep = max(limits.keep_finished_sessions - (spare is not None), 0)
+        ttl = limits.finished_session_ttl_s
+        doomed = []
+        for sessions in finished.values():
+            sessions.sort(key=lambda s: (s.last_heartbeat, s.created_at), reverse=True)
+            doomed += [
+                s
+                for i, s in enumerate(sessions)
+                if i >= keep or (ttl is not None and s.last_heartbeat < now - ttl)
+            ]
+        for session in doomed:
+            self._compact_session(session)
+        return [s.session_id for s in doomed]
+
+    def stored_metadata_bytes(self, owner: str) -> int:
+        """What ``owner``'s sessions and runs store as ``user_metadata`` and ``tags`` (bytes)."""
+        ledger = self.store.get(QUOTA + owner) or {}
+        return sum(entry[0] for entry in ledger.get("records", {}).values())
+
+    def _capped(self, size: int, what: str, also: str) -> int:
+        cap = self.limits.max_metadata_bytes
+        if size > cap:
+            fields = f"user_metadata {also}".strip()
+            raise PayloadTooLarge(
+                f"{fields} of {what} take {size} bytes as JSON; "
+                f"at most max_metadata_bytes={cap} are kept"
+            )
+        return size
+
+    def _create_counted(self, key: str, record: Any, what: str, size: int) -> None:
+        """Create ``record`` at ``key`` with its ``size`` bytes counted in its owner's ledger
+        first (a crash in between leaves an entry that :meth:`_make_room` later drops)."""
+        owner = record.owner
+        if size:
+            self._reserve(owner, key, size)
+        try:
+            self._create(key, record, what)
+        except BaseException:
+            if size:
+                self.store.update(QUOTA + owner, _ledger_drop([key]))
+            raise
+
+    def _reserve(self, owner: str, key: str, size: int) -> None:
+        limit = self.limits.max_tenant_metadata_bytes
+        try:
+            self.store.update(QUOTA + owner, _ledger_add(owner, key, size, self.clock(), limit))
+        except OverQuotaError:
+            self._make_room(owner, size)
+            self.store.update(QUOTA + owner, _ledger_add(owner, key, size, self.clock(), limit))
+
+    def _make_room(self, owner: str, size: int) -> None:
+        """Drop ``owner``'s stale ledger entries, then compact its finished sessions, oldest
+        first, until ``size`` more bytes fit (or none is left)."""
+        records = (self.store.get(QUOTA + owner) or {}).get("records", {})
+        old = self.clock() - STALE_ENTRY_S
+        stale = [k for k, (_, at) in records.items() if at < old and not self._holds(k, owner)]
+        if stale:
+            self.store.update(QUOTA + owner, _ledger_drop(stale))
+        used = self.stored_metadata_bytes(owner)
+        finished = [s for s in self._all(SESSION, SessionRecord, owner) if s.finished]
+        for session in sorted(finished, key=lambda s: (s.last_heartbeat, s.created_at)):
+            if used + size <= self.limits.max_tenant_metadata_bytes:
+                return
+            used -= self._compact_session(session)
+
+    def _holds(self, key: str, owner: str) -> bool:
+        """Whether the record at ``key`` exists, is ``owner``'s and stores metadata."""
+        raw = self.store.get(key)
+        return bool(
+            raw and raw.get("owner") == owner and (raw.get("user_metadata") or raw.get("tags"))
+        )
+
+    def _compact_session(self, session: SessionRecord) -> int:
+        """Delete a finished session's records (session, info, sampling sessions), drop its
+        runs' ``user_metadata`` (the runs stay for their checkpoints) and release their bytes;
+        returns the bytes released. Idempotent: a second compaction releases nothing."""
+        owner, sid = session.owner, session.session_id
+        counted = (self.store.get(QUOTA + owner) or {}).get("records", {})
+        runs = [r for r in self._all(RUN, TrainingRunRecord, owner) if r.session_id == sid]
+        for run in runs:
+            if run.user_metadata:
+                self.store.update(RUN + run.training_run_id, _without_metadata(owner))
+        keys = [SESSION + sid] + [RUN + r.training_run_id for r in runs]
+        for sampler in self._all(SAMPLING, SamplingSessionRecord, owner):
+            if sampler.session_id == sid:
+                self.store.delete(SAMPLING + sampler.sampling_session_id)
+        self.store.delete(SESSION_INFO + sid)
+        self.store.delete(SESSION + sid)
+        self.store.update(QUOTA + owner, _ledger_drop(keys))
+        return sum(counted[k][0] for k in keys if k in counted)
+
+
+def _without_metadata(owner: str):
+    def drop(current: dict[str, Any] | None) -> dict[str, Any] | None:
+        if current is None or current.get("owner") != owner:
+            return current
+        return {**current, "user_metadata": {}}
+
+    return drop
+
+
+def check_name(value: Any, field: str) -> None:
+    """A 400 naming ``field`` when a session's descriptive string is over
+    :data:`MAX_NAME_CHARS` (``None`` passes)."""
+    if isinstance(value, str) and len(value) > MAX_NAME_CHARS:
+        raise BadRequestError(f"{field} is {len(value)} characters; at most {MAX_NAME_CHARS}")

@@ -9,6 +9,7 @@ are written so that a crash between steps leaves only a stale pointer, never a l
 from __future__ import annotations
 
 from twinkle.server.state._activity import ActivityMixin
+from twinkle.server.state._base import StateLimits
 from twinkle.server.state._checkpoints import CheckpointsMixin
 from twinkle.server.state._futures import FUTURE, FuturesMixin
 from twinkle.server.state._sessions import RUN, SAMPLING, SESSION, SessionsMixin
@@ -26,6 +27,8 @@ class ServerState(ActivityMixin, SessionsMixin, CheckpointsMixin, FuturesMixin):
     Args:
         store: Memory, file or Redis store (see :func:`~twinkle.server.state.create_store`).
         clock: Seconds since the epoch; tests inject a fake one.
+        limits: What one tenant may keep (:class:`StateLimits`: metadata sizes, finished
+            sessions); the gateway's ``server`` args set them.
 
     Example:
         >>> state = ServerState(MemoryStore())
@@ -44,3 +47,6 @@ class ServerState(ActivityMixin, SessionsMixin, CheckpointsMixin, FuturesMixin):
             "sampling_sessions": len(self._all(SAMPLING, SamplingSessionRecord)),
             "futures": sum(f.status == "pending" for f in futures),
         }
+
+
+__all__ = ["ServerState", "StateLimits"]

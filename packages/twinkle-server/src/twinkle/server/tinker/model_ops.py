@@ -15,8 +15,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from twinkle.model import numerics
 from twinkle.model.protocol import AdamParams
-from twinkle.server.encoding import jsonable
+from twinkle.server.encoding import finite_json, jsonable
 from twinkle.server.errors import BadRequest
 from twinkle.server.model.operations import optim_step
 from twinkle.server.model.protocol import Call, Empty, Operation, OperationTable, OptimStep
@@ -24,23 +25,27 @@ from twinkle.server.tinker.weights_model_ops import weights_operations
 
 
 def check_adam_params(params: Any) -> dict[str, float]:
-    """``AdamParams`` with defaults filled in, as a dict; a value Adam cannot use is a 400."""
+    """``AdamParams`` with defaults filled in, as a dict; a value Adam cannot use, or one
+    outside its range (``twinkle.model.numerics.RANGES``: ``learning_rate`` in [0, 10], ...),
+    is a 400 naming the field and the range."""
     try:
-        return dataclasses.asdict(AdamParams.coerce(params))
+        adam = AdamParams.coerce(params)
+        numerics.check_adam_params(adam, where="")
     except ValueError as exc:  # InvalidArgumentError
         raise BadRequest(f"adam_params: {exc}") from None
+    return dataclasses.asdict(adam)
 
 
 def tinker_optim_step(service: Any, call: Call, request: OptimStep) -> dict[str, Any]:
-    """The native ``optim_step``, its metrics named as Tinker reports them."""
+    """The native ``optim_step``, its metrics named as Tinker reports them (a non-finite
+    gradient norm, reported by a step at learning rate 0, as ``"NaN"``: see ``encoding``)."""
     result = optim_step(service, call, request)
-    return {
-        "metrics": {
-            "grad_norm:mean": float(result["grad_norm"]),
-            "learning_rate:mean": float(result["learning_rate"]),
-            "step:max": float(result["step"]),
-        }
+    metrics = {
+        "grad_norm:mean": float(result["grad_norm"]),
+        "learning_rate:mean": float(result["learning_rate"]),
+        "step:max": float(result["step"]),
     }
+    return {"metrics": finite_json(metrics)}
 
 
 def tinker_adapter_info(service: Any, call: Call, request: Empty) -> dict[str, Any]:

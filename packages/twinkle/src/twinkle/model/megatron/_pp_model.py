@@ -36,6 +36,7 @@ from twinkle.model import multi_step, torch_compat
 from twinkle.model.lora.inject import PEFT_PREFIX
 from twinkle.model.megatron._pp import PipelineCausalLM, check_pp
 from twinkle.model.megatron.multi_lora import MultiLoraMegatronModel
+from twinkle.model.step.optimizer import forget_gradients
 from twinkle.model.transformers import _checkpoints
 
 _LAYER = re.compile(re.escape(PEFT_PREFIX) + r"model\.layers\.(\d+)\.")
@@ -166,6 +167,12 @@ class PipelineMegatronModel(MultiLoraMegatronModel):
         finally:
             multi_step.clip_grad_norms = original
 
+    def _step_agreement(self, ok: bool) -> bool:
+        """Every stage keeps a step only if none of its parts of the adapters overflowed."""
+        flag = torch.tensor([1.0 if ok else 0.0])  # on the CPU, as the stages' norm sums
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=_pp_group())
+        return bool(flag.item())
+
     def _clip_grad_and_step_many(self, adapter_names, max_grad_norm):
         with self._norms_over_stages():
             return super()._clip_grad_and_step_many(adapter_names, max_grad_norm)
@@ -276,9 +283,10 @@ class PipelineMegatronModel(MultiLoraMegatronModel):
                 f"checkpoint {directory} has rank {saved_rank}, adapter {tenant.name!r} has "
                 f"rank {tenant.spec.r}"
             )
-        self.load_adapter_state_dict(
-            load_file(str(directory / ckpt.ADAPTER_WEIGHTS)), adapter_name=tenant.name
-        )
+        state = load_file(str(directory / ckpt.ADAPTER_WEIGHTS))
+        _checkpoints.check_finite_weights(state)
+        self.load_adapter_state_dict(state, adapter_name=tenant.name)
+        forget_gradients(tenant)
 
     def resume_from_checkpoint(self, path: str | os.PathLike, adapter_name: str | None = None):
         """As the one-process model's: weights and this stage's part of the optimizer state."""

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any
 
 import numpy as np
 
-from twinkle.errors import InvalidArgumentError, StateOrderError, UnknownAdapterError
+from twinkle.errors import (
+    InvalidArgumentError,
+    NonFiniteUpdateError,
+    StateOrderError,
+    UnknownAdapterError,
+)
+from twinkle.model import numerics
 from twinkle.model.mock import _checkpoint as ckpt
 from twinkle.model.mock import _lora
 from twinkle.model.mock._adapter import AdapterState, MetricResult
@@ -170,15 +177,14 @@ class MockModel:
             raise InvalidArgumentError(
                 f"adapter {state.name!r} has no optimizer; call set_optimizer first"
             )
-        state.micro_steps += 1
-        if state.micro_steps % state.gradient_accumulation_steps:
+        if max_grad_norm is not None:
+            numerics.check_value("max_grad_norm", max_grad_norm)
+        if (state.micro_steps + 1) % state.gradient_accumulation_steps:
+            state.micro_steps += 1
             return False
         grads = {k: g / state.gradient_accumulation_steps for k, g in state.grads.items()}
-        norm = float(np.sqrt(sum(np.sum(np.square(g)) for g in grads.values())))
-        if max_grad_norm is not None and norm > max_grad_norm:
-            # torch.nn.utils.clip_grad_norm_ semantics, including its 1e-6 guard.
-            grads = {k: g * (max_grad_norm / (norm + 1e-6)) for k, g in grads.items()}
-        state.optimizer.step(state.params, grads, state.current_lr())
+        norm = _guarded_step(state, grads, max_grad_norm, state.current_lr())
+        state.micro_steps += 1
         state.last_grad_norm = norm
         state.cur_step += 1
         state.zero_grad()
@@ -195,23 +201,11 @@ class MockModel:
             raise StateOrderError(
                 f"adapter {state.name!r}: optim_step without gradients: call forward_backward first"
             )
-        hyper = {
-            "betas": (params.beta1, params.beta2),
-            "eps": params.eps,
-            "weight_decay": params.weight_decay,
-        }
-        if state.optimizer is None or state.optimizer.name != "AdamW":
-            state.optimizer = NumpyOptimizer("AdamW", lr=params.learning_rate, **hyper)
-        else:  # keep the moments, take this call's hyper-parameters
-            opt = state.optimizer
-            opt.lr, opt.betas, opt.eps = params.learning_rate, hyper["betas"], params.eps
-            opt.weight_decay = params.weight_decay
-        norm = float(np.sqrt(sum(np.sum(np.square(g)) for g in state.grads.values())))
-        grads = state.grads
-        if params.grad_clip_norm > 0 and norm > params.grad_clip_norm:
-            grads = {k: g * (params.grad_clip_norm / (norm + 1e-6)) for k, g in grads.items()}
-        if params.learning_rate > 0:
-            state.optimizer.step(state.params, grads, params.learning_rate)
+        numerics.check_adam_params(params)
+        if params.learning_rate == 0:  # nothing applied: the norm reported, the gradients dropped
+            norm = _norm(state.grads)
+        else:
+            norm = _adamw_step(state, params)
         state.last_grad_norm = norm
         state.cur_step += 1
         state.zero_grad()
@@ -306,9 +300,17 @@ class MockModel:
             raise InvalidArgumentError(
                 f"checkpoint rank {config['r']} does not match adapter {s.name!r} rank {s.rank}"
             )
-        s.params = ckpt.read_arrays(path, ckpt.ADAPTER_WEIGHTS)
+        params = ckpt.read_arrays(path, ckpt.ADAPTER_WEIGHTS)
+        for key, value in params.items():
+            if not np.isfinite(value).all():
+                raise InvalidArgumentError(
+                    f"the checkpoint holds non-finite adapter weights ({key}): refused"
+                )
+        s.params = params
         s.alpha = float(config["lora_alpha"])
+        # Gradients and the accumulation window belong to the previous weights.
         s.zero_grad()
+        s.micro_steps = 0
 
     def resume_from_checkpoint(self, path: str, adapter_name: str | None = None, **kwargs) -> dict:
         """Restore weights, optimizer, schedule and progress; return the progress."""
@@ -398,6 +400,78 @@ class MockModel:
         ratio_N = np.exp(lp_N - old_N) * valid
         # Summed, not averaged, as Tinker defines importance_sampling.
         return float(-(ratio_N * adv_N).sum()), -ratio_N * adv_N
+
+
+def _norm(grads: dict[str, np.ndarray]) -> float:
+    return float(np.sqrt(sum(np.sum(np.square(g)) for g in grads.values())))
+
+
+def _guarded_step(
+    state: AdapterState, grads: dict[str, np.ndarray], max_norm: float | None, lr: float
+) -> float:
+    """Clip (``torch.nn.utils.clip_grad_norm_`` semantics, its 1e-6 guard included) and step,
+    through :func:`twinkle.model.numerics.guarded_step`; returns the norm before clipping."""
+    clipped: dict[str, dict[str, np.ndarray]] = {}
+
+    def clip() -> list[float]:
+        norm = _norm(grads)
+        scale = max_norm / (norm + 1e-6) if max_norm is not None and norm > max_norm else 1.0
+        clipped["grads"] = {k: g * scale for k, g in grads.items()}
+        return [norm]
+
+    def take(_: int):
+        optimizer = state.optimizer
+        params = {k: v.copy() for k, v in state.params.items()}
+        moments = {k: v.copy() for k, v in optimizer.state.items()}
+        steps = optimizer.steps
+
+        def restore() -> None:
+            state.params = params
+            optimizer.state.clear()  # in place: a copied optimizer shares this dict
+            optimizer.state.update(moments)
+            optimizer.steps = steps
+
+        return restore
+
+    (norm,) = numerics.guarded_step(
+        [state.name],
+        take=take,
+        clip=clip,
+        apply=lambda: _step_quietly(state, clipped["grads"], lr),
+        finite=lambda: [all(np.isfinite(v).all() for v in state.params.values())],
+        hyper=f"lr {lr:g}, weight_decay {state.optimizer.weight_decay:g}",
+    )
+    return norm
+
+
+def _step_quietly(state: AdapterState, grads: dict[str, np.ndarray], lr: float) -> None:
+    """The optimizer step; an overflow is the guard's to report, not a numpy warning's."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        state.optimizer.step(state.params, grads, lr)
+
+
+def _adamw_step(state: AdapterState, params: AdamParams) -> float:
+    """A Tinker-style AdamW step with this call's hyper-parameters (the moments kept); on a
+    refusal the adapter keeps its previous optimizer and settings too."""
+    previous = state.optimizer
+    hyper = {
+        "betas": (params.beta1, params.beta2),
+        "eps": params.eps,
+        "weight_decay": params.weight_decay,
+    }
+    if previous is None or previous.name != "AdamW":
+        state.optimizer = NumpyOptimizer("AdamW", lr=params.learning_rate, **hyper)
+    else:  # a copy of the settings: a refused step leaves the optimizer as it was
+        state.optimizer = copy.copy(previous)
+        opt = state.optimizer
+        opt.lr, opt.betas, opt.eps = params.learning_rate, hyper["betas"], params.eps
+        opt.weight_decay = params.weight_decay
+    max_norm = params.grad_clip_norm if params.grad_clip_norm > 0 else None
+    try:
+        return _guarded_step(state, state.grads, max_norm, params.learning_rate)
+    except NonFiniteUpdateError:
+        state.optimizer = previous
+        raise
 
 
 def _check_inputs(kwargs: dict) -> None:

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from twinkle.errors import InvalidArgumentError
+from twinkle.model.numerics import check_optimizer_kwargs
 
 _OPTIMIZERS = ("Adam", "AdamW", "SGD")
 _ALIASES = {"default": "Adam", "adam": "Adam", "adamw": "AdamW", "sgd": "SGD"}
@@ -30,6 +31,7 @@ class NumpyOptimizer:
             raise InvalidArgumentError(
                 f"unknown optimizer {name!r}; the mock supports {_OPTIMIZERS}"
             )
+        check_optimizer_kwargs({"lr": lr, **kwargs})
         betas = kwargs.pop("betas", (kwargs.pop("beta1", 0.9), kwargs.pop("beta2", 0.999)))
         self.lr = float(lr)
         self.betas = (float(betas[0]), float(betas[1]))

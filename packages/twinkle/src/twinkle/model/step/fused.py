@@ -13,9 +13,11 @@ import torch
 from twinkle.errors import InvalidArgumentError
 from twinkle.model import torch_compat
 from twinkle.model.lora import LoraRouter
+from twinkle.model.memory import release_above
 from twinkle.model.options import ExecutionOptions
 from twinkle.model.step.batch import TenantBatch
 from twinkle.model.step.loss import compute_loss, loss_of, public_output, record_train_metrics
+from twinkle.model.step.optimizer import weights_finite
 from twinkle.model.step.passes import ForwardState, forward_batches, linear_head
 from twinkle.model.step.plan import (
     ModelShape,
@@ -27,6 +29,7 @@ from twinkle.model.step.plan import (
     plan_passes,
     refuse_unfit,
     rows_of,
+    split_to_fit,
 )
 from twinkle.model.tenant import Tenant
 
@@ -105,11 +108,7 @@ def fused_forward_backward(
     # Per-token entropies only for a step where an attached metric reads them.
     entropies = any(_wants_entropies(t) for t in tenants)
     shape = ModelShape.of(base_model)
-    refuse_unfit(
-        batches,
-        [s or b.num_samples == 1 for s, b in zip(splittable, batches)],
-        shape,
-        functools.partial(memory_limit_bytes, device),
+    fit = dict(
         logits_free=logits_free,
         recompute=mode != "off",
         fixed_bytes=head_chunk_bytes(options.linear_chunk_bytes, shape.dtype_bytes)
@@ -117,6 +116,24 @@ def fused_forward_backward(
         else 0,
         # the device's own budget fits by construction; a configured one is the user's word
         budget=budget if options.max_pass_tokens is None else None,
+    )
+    # Read once per step, and only when a batch is over the pass budget.
+    limit = functools.cache(functools.partial(memory_limit_bytes, device, options.memory_budget_mb))
+    if budget is not None:
+        # A batch too large for memory runs as row chunks even where the options keep batches
+        # whole: the alternative is a pass that cannot run (or takes the replica's memory).
+        cuttable = [
+            can_split(b, t.spec.lora_dropout if t.spec is not None else 0.0)
+            for b, t in zip(batches, tenants)
+        ]
+        splittable = split_to_fit(batches, splittable, cuttable, shape, limit, **fit)
+    refuse_unfit(
+        batches,
+        [s or b.num_samples == 1 for s, b in zip(splittable, batches)],
+        shape,
+        limit,
+        budget_mb=options.memory_budget_mb,
+        **fit,
     )
     # Packed in layout order (see _layout_key): same-rank tenants share passes and sit side by
     # side in them, and similar lengths pad less.
@@ -198,6 +215,7 @@ def fused_forward_backward(
         raise
     for state, tenant in zip(states, tenants):
         record_train_metrics(tenant, state)
+    release_above(options.memory_budget_mb)
     return {state.batch.tenant: public_output(state) for state in states}
 
 
@@ -238,7 +256,7 @@ def _whole_pass(
         scaled = state.loss_output.loss / tenants[i].gradient_accumulation_steps
         total = scaled if total is None else total + scaled
         states[i] = state
-    _refuse_non_finite(total, done)
+    _refuse_non_finite(total, done, [tenants[i] for i in idx])
     return total
 
 
@@ -282,7 +300,7 @@ def _split_loss(
     with torch.enable_grad():
         compute_loss(state, loss)
         total = state.loss_output.loss / tenant.gradient_accumulation_steps
-    _refuse_non_finite(total, [state])
+    _refuse_non_finite(total, [state], [tenant])
     (grad,) = torch.autograd.grad(total, state.logprobs)
     state.logprobs = state.logprobs.detach()
 
@@ -315,20 +333,29 @@ def _drop_graph(states: Sequence[ForwardState]) -> None:
         state.loss_output.loss = state.loss_output.loss.detach()
 
 
-def _refuse_non_finite(total: torch.Tensor, states: Sequence[Any]) -> None:
+def _refuse_non_finite(
+    total: torch.Tensor, states: Sequence[Any], tenants: Sequence[Tenant]
+) -> None:
     """Refuse the pass before the backward when a loss is NaN or infinite: that tenant's
     gradients would be NaN (and its next step would ruin its weights), and its request must fail
-    while nothing has changed. One check of the sum; the tenants are named only when it fails."""
+    while nothing has changed. One check of the sum; the tenants are named only when it fails,
+    with the cause: adapter weights that are not finite (a load or an outside change; steps
+    never make them so), else the loss inputs."""
     if bool(torch.isfinite(total.detach())):
         return
-    bad = [
-        f"{s.batch.tenant!r} ({float(s.loss_output.loss.detach())})"
-        for s in states
-        if not bool(torch.isfinite(s.loss_output.loss.detach()))
+    bad = [(s, t) for s, t in zip(states, tenants) if not bool(torch.isfinite(s.loss_output.loss))]
+    weights_ok = weights_finite([t for _, t in bad])
+    causes = [
+        f"{s.batch.tenant!r} ({float(s.loss_output.loss.detach())}"
+        + ("" if ok else ": its adapter weights are not finite; load a checkpoint")
+        + ")"
+        for (s, _), ok in zip(bad, weights_ok)
     ]
+    inputs = (
+        "" if not all(weights_ok) else " (check the loss inputs: advantages, weights, logprobs)"
+    )
     raise InvalidArgumentError(
-        f"loss is not finite for adapter {', '.join(bad)}; nothing was applied (check the loss "
-        "inputs: advantages, weights, logprobs)"
+        f"loss is not finite for adapter {', '.join(causes)}; nothing was applied{inputs}"
     )
 
 

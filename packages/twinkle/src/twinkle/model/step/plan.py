@@ -161,17 +161,33 @@ class ModelShape:
     layers: int
     vocab: int
     dtype_bytes: int
+    #: Attention heads of a layer whose attention keeps its ``[heads, seq, seq]`` probabilities
+    #: for the backward (``eager``); 0 for the fused kernels (``sdpa``, flash), which do not.
+    quadratic_heads: int = 0
 
     @classmethod
     def of(cls, base_model: torch.nn.Module) -> ModelShape:
         config = getattr(base_model, "config", None)
         text = getattr(config, "text_config", None) or config
+        eager = getattr(config, "_attn_implementation", None) == "eager"
         return cls(
             hidden=int(getattr(text, "hidden_size", 1024)),
             layers=int(getattr(text, "num_hidden_layers", 24)),
             vocab=int(getattr(text, "vocab_size", 32000)),
             dtype_bytes=next(base_model.parameters()).element_size(),
+            quadratic_heads=int(getattr(text, "num_attention_heads", 0) or 0) if eager else 0,
         )
+
+    def pass_bytes(self, rows: int, seq: int, *, logits_free: bool, recompute: bool) -> int:
+        """Activation bytes of a pass over ``rows`` rows of ``seq`` padded tokens: the linear
+        term (:meth:`bytes_per_token`) plus, for an attention that keeps its probabilities,
+        their ``rows x heads x seq x seq`` values and gradient in every layer (one layer at a
+        time with recompute)."""
+        linear = rows * seq * self.bytes_per_token(logits_free=logits_free, recompute=recompute)
+        if not self.quadratic_heads:
+            return linear
+        kept_layers = 1 if recompute else self.layers
+        return linear + 2 * rows * self.quadratic_heads * seq * seq * self.dtype_bytes * kept_layers
 
     def bytes_per_token(self, *, logits_free: bool, recompute: bool) -> int:
         """Activation bytes a training pass keeps per token.
@@ -204,9 +220,30 @@ def head_chunk_bytes(chunk_bytes: int, dtype_bytes: int) -> int:
     return chunk_bytes + (chunk_bytes * dtype_bytes // 4 if dtype_bytes < 4 else 0)
 
 
-def memory_limit_bytes(device: torch.device) -> int:
+def memory_limit_bytes(device: torch.device, budget_mb: int | None = None) -> int:
     """What one pass's activations can take at most: the free memory of a GPU, or the memory
-    the operating system reports available (``MemAvailable``) on a CPU."""
+    the operating system reports available (``MemAvailable``) on a CPU; with a budget
+    (``ExecutionOptions.memory_budget_mb``), no more than the budget less what the process
+    holds now (:func:`memory_in_use`)."""
+    free = _free_bytes(device)
+    if budget_mb is None:
+        return free
+    return max(0, min(free, (budget_mb << 20) - memory_in_use(device)))
+
+
+def memory_in_use(device: torch.device) -> int:
+    """Bytes the process holds for its model now: torch's allocated memory on a GPU; on a CPU
+    the resident set less the freed memory glibc keeps for reuse (a budget counts what the
+    next pass cannot reuse)."""
+    if device.type == "cuda":
+        return int(torch.cuda.memory_allocated(device))
+    from twinkle.model.memory import heap_stats, resident_bytes
+
+    stats = heap_stats()
+    return max(0, resident_bytes() - (stats["free_kept"] if stats else 0))
+
+
+def _free_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
     try:
@@ -230,11 +267,13 @@ def refuse_unfit(
     recompute: bool,
     fixed_bytes: int = 0,
     budget: int | None = None,
+    budget_mb: int | None = None,
 ) -> None:
     """Refuse, before any work, a batch whose smallest pass cannot fit ``limit_bytes()``: one
     row when its rows may be cut into passes, else the whole batch. Units within ``budget``
     tokens (the pass budget, which fits by construction) are not checked, so an ordinary step
-    never reads the memory figure.
+    never reads the memory figure. ``budget_mb``: the memory budget the limit comes from, named
+    in the refusal.
 
     Raises:
         InvalidArgumentError: Naming the tenant, the tokens that do not fit, the tokens that
@@ -252,7 +291,9 @@ def refuse_unfit(
         if limit is None:
             limit = limit_bytes()
             fit = max(0, (limit - fixed_bytes) // per_token)
-        if tokens <= fit:
+        unit_rows = 1 if split else rows
+        need = shape.pass_bytes(unit_rows, seq, logits_free=logits_free, recompute=recompute)
+        if need + fixed_bytes <= limit:
             continue
         unit = f"a row of {seq} tokens" if split or rows == 1 else f"{rows} rows x {seq} tokens"
         advice = (
@@ -262,13 +303,45 @@ def refuse_unfit(
         )
         if not split and rows > 1:
             advice += ", or send fewer rows per request"
-        need = tokens * per_token + fixed_bytes
+        need += fixed_bytes
+        within = f" within its memory_budget_mb={budget_mb}" if budget_mb is not None else ""
         raise InvalidArgumentError(
             f"adapter {batch.tenant!r}: {unit} needs about {_size(need)} of activations"
             f"{' with activation recompute' if recompute else ''}, but this replica has "
-            f"{_size(limit)} free: at most {fit} tokens fit in one pass; {advice}. "
+            f"{_size(limit)} free{within}: at most {fit} tokens fit in one pass; {advice}. "
             "Nothing was run."
         )
+
+
+def split_to_fit(
+    batches: Sequence[TenantBatch],
+    splittable: Sequence[bool],
+    cuttable: Sequence[bool],
+    shape: ModelShape,
+    limit_bytes: Callable[[], int],
+    *,
+    logits_free: bool,
+    recompute: bool,
+    fixed_bytes: int = 0,
+    budget: int | None = None,
+) -> list[bool]:
+    """``splittable``, plus each batch whose rows may be cut (``cuttable``) and whose whole
+    pass would not fit ``limit_bytes()``: memory decides there, not the choice to keep batches
+    whole (``ExecutionOptions.split_batches``), since a pass that does not fit cannot run at
+    all. Batches within ``budget`` tokens are not checked (they fit by construction)."""
+    result = list(splittable)
+    limit = None
+    for i, batch in enumerate(batches):
+        rows, seq = batch.num_samples, batch.tensors["input_ids"].shape[1]
+        if result[i] or not cuttable[i] or rows < 2:
+            continue
+        if budget is not None and rows * seq <= budget:
+            continue
+        if limit is None:
+            limit = limit_bytes()
+        need = shape.pass_bytes(rows, seq, logits_free=logits_free, recompute=recompute)
+        result[i] = need + fixed_bytes > limit
+    return result
 
 
 def _size(nbytes: int) -> str:
@@ -281,7 +354,9 @@ __all__ = [
     "ModelShape",
     "head_chunk_bytes",
     "memory_limit_bytes",
+    "memory_in_use",
     "refuse_unfit",
+    "split_to_fit",
     "Piece",
     "activation_bytes_per_token",
     "can_split",

@@ -12,9 +12,10 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from twinkle.errors import PathNotFoundError
+from twinkle.errors import InvalidArgumentError, PathNotFoundError
 from twinkle.model import checkpoint as ckpt
 from twinkle.model.lora import adapter_module_names, adapter_state_dict, load_adapter_state_dict
+from twinkle.model.step.optimizer import forget_gradients
 from twinkle.model.tenant import Tenant
 
 
@@ -134,10 +135,13 @@ def save(
 
 
 def load_weights(tenant: Tenant, base_model: torch.nn.Module, path: str | os.PathLike) -> None:
-    """Load adapter weights only into the tenant's adapter on ``base_model``.
+    """Load adapter weights only into the tenant's adapter on ``base_model``; gradients pending
+    from before, the accumulation window and a kept forward are dropped (computed on the
+    previous weights, they must not move the loaded ones).
 
     Raises:
-        ValueError: The checkpoint's rank differs from the adapter's.
+        ValueError: The checkpoint's rank differs from the adapter's, or it holds non-finite
+            weights.
     """
     directory = ckpt.require_checkpoint(path)
     config_path = directory / ckpt.ADAPTER_CONFIG
@@ -147,9 +151,23 @@ def load_weights(tenant: Tenant, base_model: torch.nn.Module, path: str | os.Pat
             raise ValueError(
                 f"checkpoint {directory} has rank {saved_rank}, adapter {tenant.name!r} has rank {tenant.spec.r}"
             )
-    load_adapter_state_dict(
-        base_model, tenant.name, load_file(str(directory / ckpt.ADAPTER_WEIGHTS))
-    )
+    state = load_file(str(directory / ckpt.ADAPTER_WEIGHTS))
+    check_finite_weights(state)
+    load_adapter_state_dict(base_model, tenant.name, state)
+    forget_gradients(tenant)
+
+
+def check_finite_weights(state: dict[str, torch.Tensor]) -> None:
+    """Refuse adapter weights with a NaN or an infinity (nothing trains from them).
+
+    Raises:
+        InvalidArgumentError: Naming the first such tensor.
+    """
+    for key, tensor in state.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise InvalidArgumentError(
+                f"the checkpoint holds non-finite adapter weights ({key}): refused"
+            )
 
 
 def resume(

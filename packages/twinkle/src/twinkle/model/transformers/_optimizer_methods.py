@@ -17,7 +17,12 @@ from twinkle.model.tenant import Tenant
 
 
 class OptimizerMethods:
-    """Per-tenant optimizer steps, one at a time or batched."""
+    """Per-tenant optimizer steps, one at a time or batched; every step is guarded
+    (:func:`twinkle.model.numerics.guarded_step`)."""
+
+    #: Ranks holding different layers of the same adapters (pipeline stages) set this: their
+    #: verdicts on a step combined, so that all of them keep it or all roll it back.
+    _step_agreement: optimizer_steps.Agreement | None = None
 
     def clip_grad_norm(self, max_grad_norm: float = 1.0, adapter_name: str | None = None) -> float:
         """Clip the tenant's gradient norm; returns the norm before clipping."""
@@ -33,7 +38,7 @@ class OptimizerMethods:
                 f"adapter {tenant.name!r} has no gradients: call forward_backward before step"
             )
         self._ensure_optimizer(tenant)
-        tenant.optimizer.step()
+        optimizer_steps.plain_step(tenant, agree=self._step_agreement)
         tenant.cur_step += 1
 
     def zero_grad(self, adapter_name: str | None = None) -> None:
@@ -77,6 +82,7 @@ class OptimizerMethods:
             ensure_optimizer=self._ensure_optimizer,
             lr_step=lambda tenant: self.lr_step(adapter_name=tenant.name),
             small=self._small_cpu,
+            agree=self._step_agreement,
         )
 
     def optim_step(
@@ -99,6 +105,7 @@ class OptimizerMethods:
             self.tenant(adapter_name),
             params,
             make_adamw=lambda t, kw: self.set_optimizer("AdamW", adapter_name=t.name, **kw),
+            agree=self._step_agreement,
         )
 
     def _ensure_optimizer(self, tenant: Tenant) -> None:
