@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from twinkle.server.encoding import finite_json
 from twinkle.server.errors import BadRequest
 from twinkle.server.tinker.wire import PROTOBUF, WireDatum, WireForwardBackward
 
@@ -169,11 +170,14 @@ def _forward_backward_json(msg: Any) -> dict[str, Any]:
                 part = values[lo:hi].tolist()
                 row[name] = {"data": part, "dtype": "float32", "shape": [len(part)]}
         outputs.extend(rows)
-    return {
-        "loss_fn_output_type": msg.loss_fn_output_type,
-        "loss_fn_outputs": outputs,
-        "metrics": dict(msg.metrics),
-    }
+    # NaN/inf log-probs or metrics (a diverged adapter) spelt as JSON strings, never a 500.
+    return finite_json(
+        {
+            "loss_fn_output_type": msg.loss_fn_output_type,
+            "loss_fn_outputs": outputs,
+            "metrics": dict(msg.metrics),
+        }
+    )
 
 
 __all__ = ["decode_forward_backward", "result_as_json", "wants_protobuf"]
