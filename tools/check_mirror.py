@@ -68,6 +68,10 @@ ALLOWED: dict[str, str] = {
     "sampler.TorchSampler.__init__": "adds options= (ExecutionOptions): a remote sampler's "
     "execution is the server's execution: block",
     "sampler.TorchSampler.stop_token_ids": "inherited: same reason as for Sampler",
+    "sampler.Sampler.__init__": "adds max_length= (a local sampler's own length limit): a "
+    "remote sampler's is the server config's",
+    "sampler.MockSampler.__init__": "adds max_length= : same reason as for Sampler",
+    "sampler.vLLMSampler.__init__": "adds max_length= : same reason as for Sampler",
     "sampler.MockSampler.prepare_prompts": "inherited: same reason as for Sampler",
     "sampler.MockSampler.stop_token_ids": "inherited: same reason as for Sampler",
     "sampler.vLLMSampler.prepare_prompts": "inherited: same reason as for Sampler",

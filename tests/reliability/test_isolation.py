@@ -176,7 +176,8 @@ ID_ROUTES: dict[str, I] = {
         "upload_adapter": {"name": "stolen", "files": {}},
         "tinker_optim_step": {"adam_params": {"learning_rate": 1.0}}, "tinker_adapter_info": {},
         "tinker_save_external": {"name": "stolen"}, "tinker_adapter_state": {},
-        "adapter_tensors": {},
+        "adapter_tensors": {}, "save_checkpoint": {"name": "stolen"},
+        "delete_checkpoint": {"run_id": "stolen", "kind": "weights", "name": "stolen"},
     }.items()},  # fmt: skip
     "POST model:/add_metric": model_op("add_metric", {"metric_cls": "LossMetric"}),
     "POST model:/get_state_dict": model_op("get_state_dict"),

@@ -438,3 +438,20 @@ def test_served_non_finite_step_is_a_400_and_nan_results_are_encoded(tmp_path):
     assert forward.status_code == 200, forward.text
     result = forward.json()["result"]
     assert result["loss"] == "NaN" and set(sum(result["logprobs"], [])) == {"NaN"}
+
+
+def test_twinkle_client_reads_the_non_finite_spellings_back_as_floats():
+    from twinkle_client.client import non_finite_floats
+
+    got = non_finite_floats(
+        {
+            "loss": "NaN",
+            "logprobs": [[-1.5, "-Infinity"], [0.0, "Infinity"]],
+            "metrics": {"grad_norm": "Infinity"},
+            "adapter_name": "NaN",  # a name stays a name
+            "adapters": ["NaN", "b"],
+        }
+    )
+    assert math.isnan(got["loss"]) and got["metrics"]["grad_norm"] == math.inf
+    assert got["logprobs"] == [[-1.5, -math.inf], [0.0, math.inf]]
+    assert got["adapter_name"] == "NaN" and got["adapters"] == ["NaN", "b"]

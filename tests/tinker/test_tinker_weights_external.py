@@ -260,8 +260,9 @@ def test_sampler_handle_in_another_process_joins_the_session(live_server, alice)
         assert got[0] is None
         np.testing.assert_allclose(got[1:], expected[1:], atol=1e-6)
     assert sorted(result["ids"]) == [1, 2]  # allocated by join_sampling_session, original is 0
+    # bob's key beside alice's handle token: two credentials naming different tenants
     foreign = tinker.SamplingClient.from_sampler_handle(handle, api_key=tinker_api_key(KEYS["bob"]))
-    with pytest.raises(tinker.NotFoundError):
+    with pytest.raises(tinker.AuthenticationError, match="conflicting credentials"):
         foreign.compute_logprobs(PROMPT).result(timeout=60)
 
 

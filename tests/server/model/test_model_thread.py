@@ -118,7 +118,7 @@ def test_a_torch_sampler_replica_keeps_freed_memory(monkeypatch, tmp_path, sampl
     _, mock_app = served_config(tmp_path, "sampler", sampler_type="mock")
     real = sampler_deployment.create_sampler
     monkeypatch.setattr(
-        sampler_deployment, "create_sampler", lambda _app, root: real(mock_app, root)
+        sampler_deployment, "create_sampler", lambda _app, root, *rest: real(mock_app, root, *rest)
     )
     config, app = served_config(tmp_path, "sampler", sampler_type=sampler_type)
     sampler_deployment.build_sampler_service(app, build_context(config))

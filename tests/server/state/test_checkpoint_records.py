@@ -85,7 +85,13 @@ def test_ttl_expiry(state, clock, run_id):
     assert [c.name for c in state.expired_checkpoints()] == ["short"]
     with pytest.raises(NotFoundError):
         state.resolve_checkpoint_path(A, short.path)
-    state.set_checkpoint_ttl(A, run_id, "weights/short", None)
+    # Expired is gone: no new TTL brings it back, every reader agrees, the sweeper deletes it.
+    with pytest.raises(NotFoundError):
+        state.set_checkpoint_ttl(A, run_id, "weights/short", None)
+    with pytest.raises(NotFoundError):
+        state.get_checkpoint(A, run_id, "weights/short")
+    assert [c.name for c in state.list_checkpoints(A, run_id)] == ["forever"]
+    assert state.delete_checkpoint(A, run_id, "weights/short").name == "short"
     assert state.expired_checkpoints() == []
     state.set_checkpoint_ttl(A, run_id, "weights/forever", 5)
     assert [c.name for c in state.expired_checkpoints(now=clock.now + 5)] == ["forever"]

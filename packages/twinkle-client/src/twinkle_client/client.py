@@ -368,13 +368,17 @@ class TwinkleClient:
         """
         transport = self._transport(route)
         try:
-            return transport.post(f"{route}/{op}", body, timeout=timeout)["result"]
+            return non_finite_floats(
+                transport.post(f"{route}/{op}", body, timeout=timeout)["result"]
+            )
         except NotConnectedError:
             if transport is self.http:
                 raise
             self._routes.pop(route, None)
             transport.close()
-            return self.http.post(f"{route}/{op}", body, timeout=timeout)["result"]
+            return non_finite_floats(
+                self.http.post(f"{route}/{op}", body, timeout=timeout)["result"]
+            )
 
     def _transport(self, route: str) -> HttpTransport:
         transport = self._routes.get(route)
@@ -460,3 +464,29 @@ def get_default_client() -> TwinkleClient:
 
 
 __all__ = ["TwinkleClient", "get_default_client", "init_twinkle_client", "served_model_name"]
+
+
+# How the server spells NaN and infinities in JSON (protobuf's JSON mapping).
+_NON_FINITE = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
+# Keys whose values are names, never numbers: an adapter may be called "NaN".
+_NAME_KEYS = ("name", "path", "id", "model", "message", "error", "detail", "status", "kind")
+
+
+def non_finite_floats(value: Any) -> Any:
+    """A reply's ``"NaN"`` / ``"Infinity"`` / ``"-Infinity"`` strings as floats again, in lists of
+    numbers and as the values of keys that are not names (a diverged adapter's loss, log-probs,
+    metrics)."""
+    if isinstance(value, list):
+        if any(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+            return [_NON_FINITE.get(v, v) if isinstance(v, str) else v for v in value]
+        return [non_finite_floats(v) for v in value]
+    if isinstance(value, dict):
+        return {
+            k: (
+                _NON_FINITE.get(v, v)
+                if isinstance(v, str) and not str(k).endswith(_NAME_KEYS)
+                else non_finite_floats(v)
+            )
+            for k, v in value.items()
+        }
+    return value

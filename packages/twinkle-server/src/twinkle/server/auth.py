@@ -28,7 +28,7 @@ from typing import Any
 from fastapi import HTTPException, Request
 
 from twinkle._logging import get_logger
-from twinkle.server.errors import Unauthorized
+from twinkle.server.errors import BadRequest, Unauthorized
 from twinkle.server.signing import looks_like_jwt
 from twinkle.server.state.paths import tenant_id_for_key
 
@@ -41,6 +41,7 @@ PUBLIC_PATHS = frozenset({"/healthz", "/api/v1/healthz", "/health"})
 MISSING_KEY = "missing API key: send Authorization: Bearer <key> or X-API-Key"
 INVALID_KEY = "invalid API key"
 INVALID_TOKEN_CHALLENGE = 'Bearer error="invalid_token"'
+CONFLICTING = "conflicting credentials"
 
 
 class AuthError(Unauthorized):
@@ -239,19 +240,33 @@ class ApiKeyAuth:
         return found
 
     def authenticate(self, headers: Mapping[str, str]) -> Principal:
-        """The principal of a request, from ``X-API-Key`` or ``Authorization: Bearer``.
+        """The principal of a request, from ``X-API-Key`` and/or ``Authorization: Bearer``.
 
         A key sent as ``tml-<key>`` (the Tinker SDK's format) matches ``tml-<key>`` or ``<key>``.
+        A request may carry both headers (the Tinker SDK sends its token as ``X-API-Key`` beside
+        the key as bearer): each is checked, and they must name the same tenant.
 
         Raises:
-            AuthError: 401, the key is missing or not valid.
+            BadRequest: One header repeated with different values.
+            AuthError: 401, a credential is missing or not valid, or the two headers name
+                different tenants.
         """
         if self.anonymous:
             return Principal(tenant_id=ANONYMOUS_TENANT, key_hint="anonymous")
         self._maybe_reload()
-        key = _presented_key(headers)
-        if not key:
+        credentials = _presented_credentials(headers)
+        if not credentials:
             raise AuthError(401, MISSING_KEY)
+        # X-API-Key first: an expired token there answers ``invalid_token``, which the SDK needs.
+        principals = [self._principal(key) for key in credentials]
+        if len({p.tenant_id for p in principals}) > 1:
+            raise AuthError(
+                401,
+                f"{CONFLICTING}: X-API-Key and Authorization name different tenants; send one key",
+            )
+        return principals[0]
+
+    def _principal(self, key: str) -> Principal:
         # After its first call the Tinker SDK presents a token on every request: no key digest
         # to compute and compare for those (a key never has a JWT's shape).
         if self._tokens is not None and looks_like_jwt(key):
@@ -306,14 +321,36 @@ def caller_key(headers: Mapping[str, str], signer: Any = None) -> str | None:
 
 
 def _presented_key(headers: Mapping[str, str]) -> str | None:
-    lowered = {str(k).lower(): str(v) for k, v in headers.items()}
-    api_key = lowered.get("x-api-key", "").strip()
-    if api_key:
-        return api_key
-    scheme, _, credentials = lowered.get("authorization", "").strip().partition(" ")
-    if scheme.lower() == "bearer" and credentials.strip():
-        return credentials.strip()
-    return None
+    credentials = _presented_credentials(headers)
+    return credentials[0] if credentials else None
+
+
+def _presented_credentials(headers: Mapping[str, str]) -> list[str]:
+    """The request's ``X-API-Key`` and bearer credentials, in that order, each at most once.
+
+    Every occurrence of a header counts (``items()`` of Starlette's headers lists repeats): a
+    header sent twice with different values is refused, never resolved to the first or last.
+    An ``Authorization`` header of another scheme is not a credential of this server.
+
+    Raises:
+        BadRequest: A header repeated with different values.
+    """
+    api_keys: set[str] = set()
+    bearers: set[str] = set()
+    for name, value in headers.items():
+        name, value = str(name).lower(), str(value).strip()
+        if name == "x-api-key" and value:
+            api_keys.add(value)
+        elif name == "authorization":
+            scheme, _, credential = value.partition(" ")
+            if scheme.lower() == "bearer" and credential.strip():
+                bearers.add(credential.strip())
+    for header, values in (("X-API-Key", api_keys), ("Authorization", bearers)):
+        if len(values) > 1:
+            raise BadRequest(
+                f"{CONFLICTING}: {len(values)} different {header} values; send one key"
+            )
+    return [*api_keys, *bearers]
 
 
 def require_principal(auth: ApiKeyAuth) -> Callable[[Request], Awaitable[Principal]]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import errno
 import os
+import re
+from collections.abc import Mapping
 
 from pydantic import ValidationError
 
@@ -23,6 +25,14 @@ OUT_OF_MEMORY_RETRY_S = 5.0
 #: Seconds a client waits when no adapter slot is free (all resident adapters busy).
 ADAPTER_CAPACITY_RETRY_S = 1.0
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+RETRY_LATER = "retry later"
+#: The shape of the ids the model service gives adapters on the shared model (``"a"`` and 16 hex
+#: digits of a hash of owner and name): a tenant never reads one, its own or another's.
+INTERNAL_ADAPTER_ID = re.compile(r"\ba[0-9a-f]{16}\b")
+OTHER_ADAPTER = "<another adapter>"
+#: Exceptions meaning the client went away before its answer (Starlette's body reader, Ray's
+#: cancelled task or Serve request): nothing failed on the server's side.
+_CLIENT_GONE = frozenset({"ClientDisconnect", "TaskCancelledError", "RequestCancelledError"})
 
 
 class ServiceError(Exception):
@@ -111,6 +121,13 @@ class RateLimited(ServiceError):
     status, category = 429, "user"
 
 
+class ClientClosedRequest(ServiceError):
+    """The client went away before its answer (HTTP 499, nginx's convention): nobody reads the
+    response, and the server logs it at INFO, not as a failure."""
+
+    status, category = 499, "user"
+
+
 class InternalError(ServiceError):
     """An exception nobody expected: a bug or a broken dependency, never the caller's fault."""
 
@@ -142,13 +159,48 @@ class OutOfMemory(AtCapacity):
     """The device or host ran out of memory: retryable like :class:`AtCapacity` (HTTP 503)."""
 
 
-def from_exception(exc: BaseException, *, request_id: str | None = None) -> ServiceError:
+def from_exception(
+    exc: BaseException,
+    *,
+    request_id: str | None = None,
+    names: Mapping[str, str] | None = None,
+) -> ServiceError:
     """The service error for ``exc``: user mistakes are 4xx, the rest 5xx.
 
     An exception that is not a user mistake is logged here with its traceback and the request id
-    that its 5xx body carries (``request_id``, else the current request's, else a new one).
+    that its 5xx body carries (``request_id``, else the current request's, else a new one); a
+    client that went away is logged at INFO and answered 499 (nobody reads it).
+
+    Args:
+        exc: What was raised.
+        request_id: The id a 5xx names.
+        names: Internal adapter ids and the tenant's names for them: the message names the
+            tenant's adapter, and any other internal id reads ``<another adapter>``.
     """
-    exc = _unwrap_ray(exc)
+    error = _service_error(_unwrap_ray(exc), request_id)
+    if names is None:
+        return error
+    message = name_adapters(error.message, names)
+    return error if message == error.message else _with_message(error, message)
+
+
+def name_adapters(message: str, names: Mapping[str, str]) -> str:
+    """``message`` with each internal adapter id in ``names`` replaced by the tenant's name, and
+    every other internal id by :data:`OTHER_ADAPTER`."""
+    return INTERNAL_ADAPTER_ID.sub(lambda m: names.get(m.group(0), OTHER_ADAPTER), message)
+
+
+def _with_message(error: ServiceError, message: str) -> ServiceError:
+    """A copy of ``error`` saying ``message``: the original may be shared by the tenants of one
+    fused pass, each of whom reads only its own names."""
+    copy = type(error).__new__(type(error))
+    copy.__dict__.update(error.__dict__)
+    copy.args, copy.message = (message,), message
+    copy.__cause__ = error.__cause__
+    return copy
+
+
+def _service_error(exc: BaseException, request_id: str | None) -> ServiceError:
     if isinstance(exc, ServiceError):
         return exc
     user = _user_error(exc)
@@ -156,11 +208,17 @@ def from_exception(exc: BaseException, *, request_id: str | None = None) -> Serv
         return user
     if any(c.__name__ == "AdapterCapacityError" for c in type(exc).__mro__):
         # twinkle.model.paging: every resident adapter busy, or paging storage full.
-        return AtCapacity(f"{exc}; retry later", retry_after=ADAPTER_CAPACITY_RETRY_S)
+        text = str(exc) if RETRY_LATER in str(exc) else f"{exc}; {RETRY_LATER}"
+        return AtCapacity(text, retry_after=ADAPTER_CAPACITY_RETRY_S)
     rid = request_id or current_request_id() or new_request_id()
+    if any(c.__name__ in _CLIENT_GONE for c in type(exc).__mro__):
+        logger.info("request %s: the client went away (%s)", rid, type(exc).__name__)
+        return ClientClosedRequest(
+            f"the client went away before its answer (request id {rid})", request_id=rid
+        )
     if is_out_of_memory(exc):
         error: ServiceError = OutOfMemory(
-            f"the server ran out of memory; retry later (request id {rid})",
+            f"the server ran out of memory; {RETRY_LATER} (request id {rid})",
             retry_after=OUT_OF_MEMORY_RETRY_S,
             request_id=rid,
         )

@@ -47,6 +47,9 @@ class Sampler(ABC):
 
     Args:
         model_id: The base model (``tiny://qwen3.5``, ``ms://org/name``, a directory, ...).
+        max_length: Most tokens a sequence may hold, prompt and completion together: a prompt
+            longer, or one whose ``max_tokens`` would take it past, is refused
+            (:func:`check_prompt_lengths`). ``None``: no limit.
 
     Attributes:
         supports_extra_logprobs: Whether the backend serves ``topk_prompt_logprobs``,
@@ -56,8 +59,9 @@ class Sampler(ABC):
 
     supports_extra_logprobs: bool = False
 
-    def __init__(self, model_id: str) -> None:
+    def __init__(self, model_id: str, max_length: int | None = None) -> None:
         self.model_id = model_id
+        self.max_length = max_length
         self.template = None
         self._named: dict[str, str] = {}
         self._declared: dict[str, dict[str, Any]] = {}
@@ -170,7 +174,8 @@ class Sampler(ABC):
             ``new_input_feature`` is the input with that completion, ready to train on.
 
         Raises:
-            ValueError: Invalid parameters, inputs, or an adapter that does not fit the model.
+            ValueError: Invalid parameters, inputs, a prompt that does not fit ``max_length``
+                with ``max_tokens``, or an adapter that does not fit the model.
             FileNotFoundError: A missing adapter directory.
             PermissionError: An adapter outside the allowed directories.
         """
@@ -184,6 +189,7 @@ class Sampler(ABC):
         self._check_extra_logprobs(params)
         items = _input_items(inputs)
         prompts = self.prepare_prompts(items)
+        check_prompt_lengths([len(p.tokens) for p in prompts], params.max_tokens, self.max_length)
         uris = self._per_input_uris(adapter_uri, len(prompts))
         adapter_name = adapter_name or None
         if adapter_name is not None and adapter_uri is not None:
@@ -288,6 +294,42 @@ class Sampler(ABC):
         if len(uris) != count:
             raise InvalidArgumentError(f"adapter_uri has {len(uris)} entries for {count} inputs")
         return uris
+
+
+def check_prompt_lengths(
+    lengths: Sequence[int | None], max_tokens: int, max_length: int | None
+) -> None:
+    """Refuse prompts that do not fit ``max_length`` tokens with their completion.
+
+    The rule training applies to its inputs (a sequence over ``max_length`` is refused), for a
+    sequence that is yet to grow: the prompt alone, and the prompt with ``max_tokens`` new
+    tokens, must each fit. A prompt of exactly ``max_length - max_tokens`` tokens fits.
+
+    Args:
+        lengths: Each prompt's token count, in input order; ``None`` for one not measured yet
+            (a trajectory before its template renders it), which is skipped.
+        max_tokens: Tokens each completion may add (``sampling_params.max_tokens``).
+        max_length: The limit; ``None`` checks nothing.
+
+    Raises:
+        InvalidArgumentError: The first prompt that does not fit, with the limit and the room
+            it leaves.
+    """
+    if max_length is None:
+        return
+    for i, length in enumerate(lengths):
+        if length is None:
+            continue
+        if length > max_length:
+            raise InvalidArgumentError(
+                f"inputs[{i}] has {length} prompt tokens, over the model's max_length={max_length}"
+            )
+        if length + max_tokens > max_length:
+            raise InvalidArgumentError(
+                f"inputs[{i}] has {length} prompt tokens and sampling_params.max_tokens="
+                f"{max_tokens}: {length + max_tokens} tokens, over the model's "
+                f"max_length={max_length}; ask for max_tokens <= {max_length - length}"
+            )
 
 
 def with_num_samples(params: SamplingParams, num_samples: int | None) -> SamplingParams:

@@ -29,6 +29,7 @@ class MockSampler(Sampler):
         hidden_size: Hidden size of the mock model (must match the mock backend's, 16).
         seed: Base-weight seed (must match the mock backend's, 0).
         allowed_adapter_dirs: When given, adapter directories must lie inside one of them.
+        max_length: Most tokens of prompt and completion together (see ``Sampler``).
     """
 
     def __init__(
@@ -38,10 +39,11 @@ class MockSampler(Sampler):
         hidden_size: int = 16,
         seed: int = 0,
         allowed_adapter_dirs: list[str | os.PathLike] | None = None,
+        max_length: int | None = None,
     ) -> None:
         from twinkle.model.mock._lora import BaseWeights
 
-        super().__init__(model_id)
+        super().__init__(model_id, max_length)
         self.vocab_size = vocab_size or _vocab_size(model_id)
         self.base = BaseWeights.from_seed(self.vocab_size, hidden_size, seed)
         self.allowed = (

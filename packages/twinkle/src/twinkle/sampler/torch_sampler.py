@@ -44,6 +44,7 @@ class TorchSampler(Sampler):
         torch_dtype: Weights dtype (float32 on CPU, bfloat16 on CUDA by default).
         options: Execution options (``ExecutionOptions`` or a mapping of its fields); the
             sampler uses ``lora_kernel``.
+        max_length: Most tokens of prompt and completion together (see ``Sampler``).
     """
 
     supports_extra_logprobs = True
@@ -56,11 +57,12 @@ class TorchSampler(Sampler):
         device: str | torch.device | None = None,
         torch_dtype: torch.dtype | None = None,
         options: ExecutionOptions | dict | None = None,
+        max_length: int | None = None,
     ) -> None:
         from twinkle.hub import remote_code_guard, resolve_model_dir
         from twinkle.model.transformers._auto import auto_model_class
 
-        super().__init__(model_id)
+        super().__init__(model_id, max_length)
         self.model_dir = Path(resolve_model_dir(model_id))
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = torch_dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)

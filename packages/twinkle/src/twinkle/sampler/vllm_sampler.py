@@ -35,6 +35,7 @@ class vLLMSampler(Sampler):
         engine_args: Extra ``vllm.LLM`` arguments; defaults suit a small CPU run
             (``max_model_len=512``, ``enforce_eager=True``, ``max_lora_rank=64``, ``max_loras=8``).
         allowed_adapter_dirs: When given, ``adapter_uri`` must resolve inside one of them.
+        max_length: Most tokens of prompt and completion together (see ``Sampler``).
 
     Raises:
         ImportError: When vllm is not installed (with install advice).
@@ -45,11 +46,12 @@ class vLLMSampler(Sampler):
         model_id: str,
         engine_args: dict[str, Any] | None = None,
         allowed_adapter_dirs: list[str | os.PathLike] | None = None,
+        max_length: int | None = None,
     ) -> None:
         vllm, self._lora_request_cls = _import_vllm()
         from twinkle.hub import resolve_model_dir
 
-        super().__init__(model_id)
+        super().__init__(model_id, max_length)
         self.model_dir = Path(resolve_model_dir(model_id))
         self.allowed_dirs = (
             None

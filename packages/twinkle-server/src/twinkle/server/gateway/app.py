@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from twinkle.model.checkpoint import sweep_partial_saves
 from twinkle.server.context import ServerContext
 from twinkle.server.gateway.backends import Backends, unload_session_adapters
-from twinkle.server.gateway.routes_common import create_common_router
+from twinkle.server.gateway.routes_common import create_common_router, delete_in_order
 from twinkle.server.gateway.routes_live_adapter import create_live_adapter_router
 from twinkle.server.openapi_bodies import document_bodies, gateway_bodies
 from twinkle.server.threads import off_loop
@@ -58,18 +58,41 @@ async def housekeep_once(ctx: ServerContext, backends: Backends) -> None:
     """One round: expire silent sessions, delete expired checkpoints (TTL passed, or the
     ephemeral sampler snapshots of a finished session) with their files, purge old futures;
     every ``PARTIAL_SWEEP_EVERY_S``, clear what killed saves left in the storage."""
-    import shutil
-
     await expire_sessions(ctx, backends)
-    for ckpt in ctx.state.expired_checkpoints():
-        ctx.state.delete_checkpoint(ckpt.owner, ckpt.training_run_id, ckpt.checkpoint_id)
-        shutil.rmtree(ckpt.local_dir, ignore_errors=True)
+    await sweep_checkpoints(ctx, backends)
     ctx.state.purge_futures(older_than=ctx.server_args.future_ttl_s)
+    ctx.state.compact_sessions()  # finished sessions past the kept count or their TTL
     now = time.monotonic()
     if now - ctx.partial_sweep_at >= PARTIAL_SWEEP_EVERY_S:  # a walk of the whole storage
         ctx.partial_sweep_at = now
         for path in await off_loop(sweep_partial_saves, ctx.storage_root):
             logger.info("storage: cleared what a killed save left: %s", path)
+
+
+async def sweep_checkpoints(ctx: ServerContext, backends: Backends) -> None:
+    """Delete the expired checkpoints and a finished session's snapshots, records and files,
+    each in order with the saves of its run (:func:`delete_in_order`): a checkpoint saved
+    again under its name since it expired is kept. They run side by side, so that one busy
+    adapter's queue does not hold up the others."""
+    doomed = ctx.state.expired_checkpoints()
+    results = await asyncio.gather(
+        *(
+            delete_in_order(
+                ctx.state,
+                backends,
+                c.owner,
+                c.training_run_id,
+                c.kind,
+                c.name,
+                only_expired=not c.ephemeral,  # a snapshot's unique name is never saved again
+            )
+            for c in doomed
+        ),
+        return_exceptions=True,
+    )
+    for ckpt, result in zip(doomed, results):
+        if isinstance(result, Exception):
+            logger.warning("sweeping checkpoint %s failed: %s", ckpt.path, result)
 
 
 async def housekeeping_forever(

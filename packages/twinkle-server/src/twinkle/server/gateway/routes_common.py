@@ -6,15 +6,16 @@ Every route but the health check needs an API key and only ever sees its own rec
 
 from __future__ import annotations
 
-import shutil
 from datetime import datetime, timezone
+from typing import Any
 
 from fastapi import APIRouter, Query, Request
 
 from twinkle.server.context import ServerContext
-from twinkle.server.errors import BadRequest
+from twinkle.server.errors import BadRequest, Gone, NotFound
 from twinkle.server.gateway.backends import Backends, unload_session_adapters
 from twinkle.server.gateway.route_table import route_table
+from twinkle.server.model.registry import delete_checkpoint as forget_checkpoint
 from twinkle.server.state.paths import validate_ttl
 from twinkle.server.web import read_json
 
@@ -23,7 +24,9 @@ def _iso(ts: float | None) -> str | None:
     return None if ts is None else datetime.fromtimestamp(ts, tz=timezone.utc).isoformat()
 
 
-def run_to_wire(run) -> dict:
+def run_to_wire(run, state: Any) -> dict:
+    """A run as the Tinker ``TrainingRun`` wire object; its last checkpoints are unexpired
+    ones (:func:`_unexpired_last`)."""
     return {
         "training_run_id": run.training_run_id,
         "base_model": run.base_model,
@@ -32,11 +35,24 @@ def run_to_wire(run) -> dict:
         "corrupted": run.corrupted,
         "lora_rank": run.lora_rank,
         "last_request_time": _iso(run.last_request_time),
-        "last_checkpoint": run.last_checkpoint,
-        "last_sampler_checkpoint": run.last_sampler_checkpoint,
+        "last_checkpoint": _unexpired_last(state, run, "weights"),
+        "last_sampler_checkpoint": _unexpired_last(state, run, "sampler_weights"),
         "user_metadata": run.user_metadata or None,
         "status": run.status,
     }
+
+
+def _unexpired_last(state: Any, run, kind: str) -> dict | None:
+    """The run's newest checkpoint of ``kind`` that has not expired: the record's own pointer,
+    unless that one has expired since it was set (then looked up again, as every other route
+    sees an expired checkpoint: gone)."""
+    last = run.last_checkpoint if kind == "weights" else run.last_sampler_checkpoint
+    expires = (last or {}).get("expires_at")
+    if not expires or datetime.fromisoformat(expires).timestamp() > state.clock():
+        return last
+    same = [c for c in state.list_checkpoints(run.owner, run.training_run_id) if c.kind == kind]
+    newest = max(same, key=lambda c: (c.time, c.name), default=None)
+    return None if newest is None else newest.to_tinker()
 
 
 def checkpoint_to_wire(ckpt) -> dict:
@@ -151,7 +167,7 @@ def create_common_router(ctx: ServerContext, backends: Backends) -> APIRouter:
         owner = ctx.authenticate(request.headers)
         runs, total = state.list_runs(owner, limit=limit, offset=offset)
         return {
-            "training_runs": [run_to_wire(r) for r in runs],
+            "training_runs": [run_to_wire(r, state) for r in runs],
             "cursor": {"offset": offset, "limit": limit, "total_count": total},
             "scope": "own",
         }
@@ -177,7 +193,7 @@ def create_common_router(ctx: ServerContext, backends: Backends) -> APIRouter:
 
     @router.get("/training_runs/{run_id}")
     async def get_run(run_id: str, request: Request) -> dict:
-        return run_to_wire(state.get_run(ctx.authenticate(request.headers), run_id))
+        return run_to_wire(state.get_run(ctx.authenticate(request.headers), run_id), state)
 
     @router.get("/training_runs/{run_id}/checkpoints")
     async def list_checkpoints(run_id: str, request: Request) -> dict:
@@ -194,9 +210,8 @@ def create_common_router(ctx: ServerContext, backends: Backends) -> APIRouter:
     @router.delete("/training_runs/{run_id}/checkpoints/{kind}/{name}")
     async def delete_checkpoint(run_id: str, kind: str, name: str, request: Request) -> dict:
         owner = ctx.authenticate(request.headers)
-        record = state.delete_checkpoint(owner, run_id, f"{kind}/{name}")
-        shutil.rmtree(record.local_dir, ignore_errors=True)
-        return {"deleted": record.path}
+        state.get_checkpoint(owner, run_id, f"{kind}/{name}")  # 404 when gone or expired
+        return {"deleted": await delete_in_order(state, backends, owner, run_id, kind, name)}
 
     @router.put("/training_runs/{run_id}/checkpoints/{kind}/{name}/ttl")
     async def set_ttl(run_id: str, kind: str, name: str, request: Request) -> dict:
@@ -206,6 +221,41 @@ def create_common_router(ctx: ServerContext, backends: Backends) -> APIRouter:
         return checkpoint_to_wire(state.set_checkpoint_ttl(owner, run_id, f"{kind}/{name}", ttl))
 
     return router
+
+
+async def delete_in_order(
+    state: Any,
+    backends: Backends,
+    owner: str,
+    run_id: str,
+    kind: str,
+    name: str,
+    only_expired: bool = False,
+) -> str | None:
+    """Delete ``owner``'s checkpoint ``kind/name`` of ``run_id`` in order with its saves.
+
+    Only the adapter of an active run saves into it, always in that adapter's queue on its
+    model replica; so the delete runs in the same queue (the model's ``delete_checkpoint``),
+    after the saves queued before it. When no adapter holds the run (unloaded, lost, or a
+    copy), nothing can save into it any more and the delete runs here. Returns the deleted
+    path (``None``: ``only_expired`` and not expired, see
+    :func:`twinkle.server.model.registry.delete_checkpoint`).
+    """
+    run = state.get_run(owner, run_id)
+    client = backends.models.get(run.base_model)
+    if run.status == "active" and run.adapter_name and client is not None:
+        payload = {
+            "adapter_name": run.adapter_name,
+            "run_id": run_id,
+            "kind": kind,
+            "name": name,
+            "only_expired": only_expired,
+        }
+        try:
+            return (await client.call(owner, "delete_checkpoint", payload))["deleted"]
+        except (NotFound, Gone):
+            pass  # its adapter is gone (or so is the checkpoint: said again below)
+    return forget_checkpoint(state, owner, run_id, kind, name, only_expired)
 
 
 def _required(body: dict, key: str, kind: type | None = None):

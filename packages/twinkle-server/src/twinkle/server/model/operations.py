@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from pydantic import Field, field_validator
 
 from twinkle.model.checkpoint import TRAINER_STATE
 from twinkle.model.protocol import AdamParams
@@ -25,6 +26,7 @@ from twinkle.server.model import protocol as p
 from twinkle.server.model.adapter_upload import upload_adapter
 from twinkle.server.model.protocol import Call, Operation, OperationTable
 from twinkle.server.state import validate_checkpoint_name
+from twinkle.server.state.records import EPHEMERAL_PREFIX, RESERVED_NAME
 from twinkle_client.processor.base import CONVERSATION_KEYS
 
 if TYPE_CHECKING:
@@ -135,6 +137,7 @@ def add_adapter_to_model(service: ModelService, call: Call, request: p.AddAdapte
             training_run_id=request.training_run_id,
             model_seq_id=request.model_seq_id,
             user_metadata=request.user_metadata,
+            limit=service.per_token_model_limit,
         )
     except Exception:
         service.model.remove_adapter(adapter_name=call.internal)
@@ -193,7 +196,34 @@ def get_train_configs(service: ModelService, call: Call, request: p.Empty):
     return configs
 
 
-def save(service: ModelService, call: Call, request: p.Save):
+class TenantSave(p.Save):
+    """``save`` as a tenant calls it: the reserved snapshot prefix is refused up front (a
+    sampler checkpoint so named would be swept as an unnamed snapshot)."""
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        if name.startswith(EPHEMERAL_PREFIX):
+            raise ValueError(RESERVED_NAME)
+        return name
+
+
+class RouteSave(p.Save):
+    """The save a gateway route makes for a tenant (the Tinker saves): any name the route
+    chose (its snapshots included), registered with ``ttl_seconds`` in the same record."""
+
+    ttl_seconds: float | None = Field(None, gt=0)
+
+
+def save(service: ModelService, call: Call, request: TenantSave):
+    return _save(service, call, request)
+
+
+def save_checkpoint(service: ModelService, call: Call, request: RouteSave):
+    return _save(service, call, request, request.ttl_seconds)
+
+
+def _save(service: ModelService, call: Call, request: p.Save, ttl_s: float | None = None):
     entry = service.entry(call)
     name = validate_checkpoint_name(request.name)
     kind = "sampler_weights" if request.for_sampler else "weights"
@@ -205,7 +235,26 @@ def save(service: ModelService, call: Call, request: p.Save):
         consumed_train_samples=request.consumed_train_samples,
         adapter_name=call.internal,
     )
-    return {"path": service.registry.add_checkpoint(entry.owner, entry.run_id, kind, name)}
+    path = service.registry.add_checkpoint(entry.owner, entry.run_id, kind, name, ttl_s)
+    return {"path": path}
+
+
+class DeleteCheckpoint(p.Request):
+    run_id: str
+    kind: str
+    name: str
+    only_expired: bool = False
+
+
+def delete_checkpoint(service: ModelService, call: Call, request: DeleteCheckpoint):
+    """Delete one of the caller's checkpoints (record and files) in the queue of the adapter
+    that saves it: after every save of it queued before, before every one queued after, so a
+    save and a delete of one name never interleave. With ``only_expired`` (the sweeper), only
+    if it is still expired when its turn comes."""
+    path = service.registry.delete_checkpoint(
+        call.owner, request.run_id, request.kind, request.name, request.only_expired
+    )
+    return {"deleted": path}
 
 
 def load(service: ModelService, call: Call, request: p.FromCheckpoint):
@@ -374,7 +423,9 @@ def native_operations() -> OperationTable:
             op("optim_step", p.OptimStep, optim_step, steps=True),
             op("calculate_metric", p.CalculateMetric, calculate_metric),
             op("get_train_configs", p.Empty, get_train_configs),
-            op("save", p.Save, save),
+            op("save", TenantSave, save),
+            op("save_checkpoint", RouteSave, save_checkpoint, internal=True),
+            op("delete_checkpoint", DeleteCheckpoint, delete_checkpoint, internal=True),
             op("load", p.FromCheckpoint, load),
             op("upload_adapter", p.UploadAdapter, upload_adapter),
             op("resume_from_checkpoint", p.FromCheckpoint, resume_from_checkpoint),

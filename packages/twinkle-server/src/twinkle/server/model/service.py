@@ -208,7 +208,7 @@ class ModelService:
             try:
                 return await asyncio.to_thread(operation.handler, self, call, request)
             except Exception as exc:
-                raise from_exception(exc) from exc
+                raise from_exception(exc, names={call.internal: call.name}) from exc
         self.admit(operation, call, request, queued=True)
         tokens = count_tokens(request)
         if tokens:
@@ -218,7 +218,7 @@ class ModelService:
         try:
             return await self.scheduler.submit(call.internal, op, Job(operation, call, request))
         except Exception as exc:
-            raise from_exception(exc) from exc
+            raise from_exception(exc, names={call.internal: call.name}) from exc
 
     def _internal(self, owner: str, name: str) -> str:
         return "a" + hashlib.sha1(f"{owner}/{name}".encode()).hexdigest()[:16]
@@ -269,8 +269,11 @@ class ModelService:
         self, operation: Operation, call: Call, request: Request, queued: bool = False
     ) -> None:
         """Every admission check of a call, in one place: run when the call is queued
-        (``queued``) and again, without the state look-up, when it runs (another call may have
-        changed the adapters in between; the tenant's run count was read at queue time).
+        (``queued``) and again when it runs on the model thread, where one call runs at a
+        time (another call may have changed the adapters in between). ``max_loras`` holds
+        there; ``per_token_model_limit``, shared by every model of the server, is checked
+        early here and enforced where the run is created, atomically with its record
+        (:meth:`~twinkle.server.model.registry.StateRunRegistry.create_run`).
 
         Raises:
             BadRequest: Rank over ``max_lora_rank``, a duplicate name, or the tenant's

@@ -24,13 +24,19 @@ from twinkle.server.web import (
 _SAMPLER_CLASSES = {"torch": "TorchSampler", "vllm": "vLLMSampler", "mock": "MockSampler"}
 
 
-def create_sampler(app_config: ApplicationConfig, storage_root) -> Any:
+def create_sampler(
+    app_config: ApplicationConfig, storage_root, max_length: int | None = None
+) -> Any:
     """The sampler for ``sampler_type`` (torch, vllm, mock); with ``device_mesh.dp_size`` N > 1,
-    N replicas as Ray actors (``twinkle.parallel.DataParallelSampler``), requests spread over them."""
+    N replicas as Ray actors (``twinkle.parallel.DataParallelSampler``), requests spread over them.
+    ``max_length`` bounds prompt plus completion (:class:`SampleLimits`)."""
     args = app_config.args
     if args.sampler_type not in _SAMPLER_CLASSES:
         raise ValueError(f"unknown sampler_type {args.sampler_type!r}; use torch, vllm or mock")
-    kwargs: dict[str, Any] = {"allowed_adapter_dirs": [str(storage_root)]}
+    kwargs: dict[str, Any] = {
+        "allowed_adapter_dirs": [str(storage_root)],
+        "max_length": max_length,
+    }
     if args.sampler_type == "torch":
         kwargs["max_loras"] = args.max_loras
         kwargs["options"] = args.execution.options()
@@ -58,16 +64,18 @@ def create_sampler(app_config: ApplicationConfig, storage_root) -> Any:
 
 def build_sampler_service(app_config: ApplicationConfig, context) -> SamplerService:
     args = app_config.args
+    limits = SampleLimits.of(args, context.config)
+    root = context.storage_root.resolve()
     executor = None
     if args.device_mesh is None or args.device_mesh.dp_size == 1:
         # In-process engine: built on the one thread that will run it (see ``model_thread``).
         sampler, executor = build_on_model_thread(
-            lambda: create_sampler(app_config, context.storage_root.resolve()),
+            lambda: create_sampler(app_config, root, limits.max_length),
             cpu_threads(app_config) if args.sampler_type != "mock" else None,
             keep_memory=args.sampler_type == "torch" and args.execution.options().malloc_tuning,
         )
     else:
-        sampler = create_sampler(app_config, context.storage_root.resolve())
+        sampler = create_sampler(app_config, root, limits.max_length)
 
     def resolve(owner: str, path: str):
         return context.state.resolve_checkpoint_path(owner, path, allow_public=True).local_dir
@@ -79,7 +87,7 @@ def build_sampler_service(app_config: ApplicationConfig, context) -> SamplerServ
         resolve,
         RateLimiter(queue.rps_limit, queue.tps_limit, queue.max_input_tokens),
         executor=executor,
-        limits=SampleLimits.of(args),
+        limits=limits,
     )
 
 

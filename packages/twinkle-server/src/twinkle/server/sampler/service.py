@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from twinkle.sampler.base import check_prompt_lengths
 from twinkle.server.encoding import jsonable
 from twinkle.server.errors import BadRequest, NotFound, from_exception
 from twinkle.server.images import check_request_images
@@ -24,14 +25,38 @@ MAX_DECLARED_ADAPTERS_PER_KEY = 64
 @dataclass(frozen=True)
 class SampleLimits:
     """What one sampling request may ask of a sampler (its ``max_num_samples`` and
-    ``max_sample_tokens`` config): checked before the request is queued."""
+    ``max_sample_tokens`` config): checked before the request is queued.
+
+    ``max_length`` bounds prompt plus ``max_tokens`` (``twinkle.sampler.base.check_prompt_lengths``):
+    the sampler's own ``max_length``, else that of the config's model application serving the
+    same base model, so that a model trained with a limit samples with it too.
+    """
 
     max_num_samples: int = 128
     max_sample_tokens: int = 32768
+    max_length: int | None = None
 
     @classmethod
-    def of(cls, args: Any) -> SampleLimits:
-        return cls(args.max_num_samples, args.max_sample_tokens)
+    def of(cls, args: Any, config: Any = None) -> SampleLimits:
+        """The limits of a sampler application's ``args``; ``config`` (the whole server
+        config) supplies the model application's ``max_length`` when the sampler sets none."""
+        return cls(args.max_num_samples, args.max_sample_tokens, _max_length(args, config))
+
+
+def _max_length(args: Any, config: Any) -> int | None:
+    if args.max_length is not None or config is None:
+        return args.max_length
+    from twinkle.server.config import ModelArgs, base_model_name
+
+    base = base_model_name(args.model_id)
+    return next(
+        (
+            app.args.max_length
+            for app in config.applications
+            if isinstance(app.args, ModelArgs) and base_model_name(app.args.model_id) == base
+        ),
+        None,
+    )
 
 
 def sequence_to_wire(seq: Any) -> dict[str, Any]:
@@ -149,9 +174,15 @@ class SamplerService:
                 "inputs must be a non-empty list of trajectories, features or token-id lists"
             )
         check_request_images(inputs)
-        tokens = sum(_token_count(x) for x in inputs)
         params = self._check_params(payload.get("sampling_params"))
-        self.rate_limiter.check(owner, tokens)
+        lengths = [_prompt_length(x) for x in inputs]
+        # Token inputs are measured here, before the queue; trajectories once rendered, by the
+        # sampler itself (every replica is built with the same max_length).
+        try:
+            check_prompt_lengths(lengths, params.max_tokens, self.limits.max_length)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        self.rate_limiter.check(owner, sum(n or 0 for n in lengths))
         uris = self._adapter_dirs(owner, payload.get("adapter_uri"), len(inputs))
         loop = asyncio.get_running_loop()
         try:
@@ -303,9 +334,10 @@ class SamplerService:
         return {"base_model": self.base_model, "requests": self.requests}
 
 
-def _token_count(item: Any) -> int:
-    """Prompt tokens of one input for the rate limiter; 0 for a shape the sampler then refuses
-    with a 400 naming it (a rate check must never turn a malformed input into a 500)."""
+def _prompt_length(item: Any) -> int | None:
+    """Prompt tokens of one input (token ids, or a feature's ``input_ids``); ``None`` for a
+    trajectory, measured once rendered, or a shape the sampler then refuses with a 400 naming it
+    (neither the rate nor the length check may turn a malformed input into a 500)."""
     ids = (
         item
         if isinstance(item, list)
@@ -313,4 +345,4 @@ def _token_count(item: Any) -> int:
         if isinstance(item, dict)
         else None
     )
-    return len(ids) if isinstance(ids, (list, tuple)) else 0
+    return len(ids) if isinstance(ids, (list, tuple)) else None

@@ -108,20 +108,45 @@ class CheckpointsMixin(StateBase):
         )
 
     def get_checkpoint(self, owner: str, run_id: str, checkpoint_id: str) -> CheckpointRecord:
-        """``owner``'s checkpoint ``weights/<name>`` or ``sampler_weights/<name>`` of a run."""
+        """``owner``'s checkpoint ``weights/<name>`` or ``sampler_weights/<name>`` of a run.
+
+        An expired checkpoint is not found, whether or not the sweeper has deleted it yet:
+        expiry is one state, seen the same by every reader at once."""
+        record = self.get_stored_checkpoint(owner, run_id, checkpoint_id)
+        if record.is_expired(self.clock()):
+            raise NotFoundError("checkpoint not found")
+        return record
+
+    def get_stored_checkpoint(
+        self, owner: str, run_id: str, checkpoint_id: str
+    ) -> CheckpointRecord:
+        """The stored record of ``owner``'s checkpoint, expired or not (for the sweeper, which
+        deletes expired ones; every other reader uses :meth:`get_checkpoint`)."""
         kind, name = parse_checkpoint_id(checkpoint_id)
         return self._load(_key(run_id, kind, name), CheckpointRecord, owner, "checkpoint")
 
     def list_checkpoints(self, owner: str, run_id: str) -> list[CheckpointRecord]:
-        """The checkpoints of ``owner``'s run, oldest first (NotFoundError for a foreign run)."""
+        """The unexpired checkpoints of ``owner``'s run, oldest first (NotFoundError for a
+        foreign run)."""
         self.get_run(owner, run_id)
+        now = self.clock()
         found = self._all(f"{CKPT}{run_id}/", CheckpointRecord, owner)
-        return sorted(found, key=lambda c: (c.time, c.checkpoint_id))
+        return sorted(
+            (c for c in found if not c.is_expired(now)), key=lambda c: (c.time, c.checkpoint_id)
+        )
 
     def delete_checkpoint(self, owner: str, run_id: str, checkpoint_id: str) -> CheckpointRecord:
-        """Forget a checkpoint and return its record (the caller deletes ``local_dir``)."""
-        record = self.get_checkpoint(owner, run_id, checkpoint_id)
-        self.store.delete(_key(run_id, record.kind, record.name))
+        """Forget a checkpoint, expired or not, and return its record (the caller deletes
+        ``local_dir``). The record is removed in one atomic step: of two deleters racing, one
+        gets the record and the other :class:`NotFoundError`."""
+        record = self.get_stored_checkpoint(owner, run_id, checkpoint_id)
+
+        def forget(current: dict | None) -> None:
+            if current is None or current.get("owner") != owner:
+                raise NotFoundError("checkpoint not found")
+            return None
+
+        self.store.update(_key(run_id, record.kind, record.name), forget)
         self._set_last(owner, run_id, record.kind)
         return record
 
@@ -140,13 +165,18 @@ class CheckpointsMixin(StateBase):
         return self._change(owner, run_id, checkpoint_id, public=bool(public))
 
     def _change(self, owner: str, run_id: str, checkpoint_id: str, **fields) -> CheckpointRecord:
+        """Change an unexpired checkpoint's record: an expired one is gone, so neither a new TTL
+        nor publishing brings it back (checked inside the atomic update)."""
         kind, name = parse_checkpoint_id(checkpoint_id)
+        now = self.clock()
+
+        def change(record: CheckpointRecord) -> CheckpointRecord:
+            if record.is_expired(now):
+                raise NotFoundError("checkpoint not found")
+            return record.model_copy(update=fields)
+
         record = self._modify(
-            _key(run_id, kind, name),
-            CheckpointRecord,
-            owner,
-            "checkpoint",
-            lambda c: c.model_copy(update=fields),
+            _key(run_id, kind, name), CheckpointRecord, owner, "checkpoint", change
         )
         self._set_last(owner, run_id, kind)
         return record

@@ -69,6 +69,11 @@ class TrainingRunRecord(_Record):
 
 
 EPHEMERAL_PREFIX = "ephemeral-"
+#: Why a tenant's checkpoint name may not start with :data:`EPHEMERAL_PREFIX`.
+RESERVED_NAME = (
+    f"names starting with '{EPHEMERAL_PREFIX}' are reserved for the server's unnamed sampler "
+    "snapshots (deleted when their session ends); choose another name"
+)
 
 
 class CheckpointRecord(_Record):

@@ -143,22 +143,22 @@ class TinkerApi:
         raise BadRequest("asample needs sampling_session_id, model_path or base_model")
 
     async def save(self, owner: str, model_id: str, name: str, kind: str, ttl: Any) -> str:
-        path = (
+        """Save ``model_id``'s adapter as checkpoint ``kind/name``, expiring in ``ttl`` seconds
+        (``None``: the server's default) set in the same record; returns its path. The route
+        has validated ``name`` (snapshots use the reserved prefix, which tenants may not)."""
+        return (
             await self.backends.model(self.run_of(owner, model_id).base_model).call(
                 owner,
-                "save",
+                "save_checkpoint",
                 {
                     "adapter_name": model_id,
                     "name": name,
                     "kind": "sampler" if kind == "sampler_weights" else kind,
                     "save_optimizer": kind == "weights",
+                    "ttl_seconds": None if ttl is None else float(ttl),
                 },
             )
         )["path"]
-        if ttl is not None:
-            run_id, _, rest = path.split("://", 1)[1].partition("/")
-            self.state.set_checkpoint_ttl(owner, run_id, rest, float(ttl))
-        return path
 
     async def create_adapter(
         self,

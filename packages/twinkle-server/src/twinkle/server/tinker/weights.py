@@ -12,7 +12,7 @@ from twinkle.server.auth import caller_key
 from twinkle.server.errors import BadRequest
 from twinkle.server.hub import HubPublisher
 from twinkle.server.state.paths import validate_checkpoint_name, validate_ttl
-from twinkle.server.state.records import EPHEMERAL_PREFIX
+from twinkle.server.state.records import EPHEMERAL_PREFIX, RESERVED_NAME
 from twinkle.server.tinker import convert
 from twinkle.server.tinker.api import (
     EPHEMERAL_TTL_S,
@@ -34,6 +34,8 @@ def weights_routes(router: APIRouter, api: TinkerApi) -> None:
             name = validate_checkpoint_name(
                 body.get("path") or f"step-{seq_id or uuid.uuid4().hex[:8]}"
             )
+            if name.startswith(EPHEMERAL_PREFIX):
+                raise BadRequest(f"path: {RESERVED_NAME}")
             ttl = validate_ttl(body.get("ttl_seconds"))  # before the save: a refusal saves nothing
             if not body.get("overwrite") and _exists(
                 api, owner, run.training_run_id, f"weights/{name}"
@@ -59,10 +61,7 @@ def weights_routes(router: APIRouter, api: TinkerApi) -> None:
             run = api.run_of(owner, model_id)
             named = body.get("path") is not None
             if named and str(body["path"]).startswith(EPHEMERAL_PREFIX):
-                raise BadRequest(
-                    f"path: names starting with '{EPHEMERAL_PREFIX}' are reserved for the "
-                    "unnamed snapshots of save_weights_and_get_sampling_client; choose another"
-                )
+                raise BadRequest(f"path: {RESERVED_NAME}")
             name = validate_checkpoint_name(
                 body["path"] if named else f"{EPHEMERAL_PREFIX}{seq_id}-{uuid.uuid4().hex[:8]}"
             )

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import re
+import time
 import zlib
+from collections.abc import Iterable
+from typing import Any
 
+import regex
 import torch
 from torch import nn
 
@@ -16,6 +20,10 @@ from twinkle.model.lora.spec import AdapterSpec
 PEFT_PREFIX = "base_model.model."
 #: Module-name prefixes of a multimodal model's vision tower and projector (Qwen-VL, Qwen3.5).
 VISION_PREFIXES = ("model.visual.", "visual.")
+#: Longest regex a selector (``target_modules``, ``exclude_modules``, ``layers_pattern``) may be.
+MAX_SELECTOR_CHARS = 512
+#: Matching time one adapter's selectors may take against all of the model's module names.
+SELECTOR_BUDGET_S = 1.0
 
 
 def is_vision_module(name: str) -> bool:
@@ -47,34 +55,133 @@ def resolve_target_modules(
     ``layers_to_transform`` keeps, for a list selector, the layers with those indices (the
     number after ``layers_pattern``, or after the first ``<name>.`` with none).
 
+    A regex must compile with Python's ``re`` (as peft reads it), be at most
+    :data:`MAX_SELECTOR_CHARS` long, and is matched with a time budget of
+    :data:`SELECTOR_BUDGET_S` for all names together, so that no pattern can hold the model.
+
     Raises:
-        ValueError: When the selector matches no linear layer.
+        InvalidArgumentError: The selector matches no linear layer, is malformed, or costs more
+            than the budget to match; the message names the field.
     """
+    budget = _Budget(SELECTOR_BUDGET_S)
     all_linear = target_modules == "all-linear"
+    target = None if all_linear else Selector("target_modules", target_modules)
+    exclude = Selector("exclude_modules", exclude_modules) if exclude_modules else None
     excluded = _output_layer_names(model) if all_linear else set()
-    linears = [
+    candidates = [
         name
         for name, module in model.named_modules()
-        if isinstance(module, (nn.Linear, MultiLoraLinear))
-        and not _inside_lora(name)
-        and name not in excluded
-        and not (all_linear and is_vision_module(name))
-        and not (exclude_modules and _selects(exclude_modules, name))
+        if isinstance(module, (nn.Linear, MultiLoraLinear)) and not _inside_lora(name)
     ]
-    if target_modules == "all-linear":
+    linears = [
+        name
+        for name in candidates
+        if name not in excluded
+        and not (all_linear and is_vision_module(name))
+        and not (exclude is not None and exclude.selects(name, budget))
+    ]
+    if target is None:
         chosen = linears
     else:
-        chosen = [n for n in linears if _selects(target_modules, n)]
+        chosen = [n for n in linears if target.selects(n, budget)]
         if layers_to_transform is not None and not isinstance(target_modules, str):
-            chosen = [
-                n for n in chosen if _layer_index(n, layers_pattern) in set(layers_to_transform)
-            ]
+            layers = set(layers_to_transform)
+            chosen = [n for n in chosen if _layer_index(n, layers_pattern, budget) in layers]
     if not chosen:
-        raise ValueError(
+        kinds = sorted({name.rsplit(".", 1)[-1] for name in candidates})
+        raise InvalidArgumentError(
             f"target_modules={target_modules!r} (exclude_modules={exclude_modules!r}, "
-            f"layers_to_transform={layers_to_transform!r}) matches no linear layer of the model"
+            f"layers_to_transform={layers_to_transform!r}) matches no linear layer of the "
+            f"model; its linear layers end in {', '.join(kinds[:16])}"
+            f"{', ...' if len(kinds) > 16 else ''}"
         )
     return chosen
+
+
+class _Budget:
+    """What is left of one adapter's matching time, shared by all its selectors."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.deadline = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return max(self.deadline - time.monotonic(), 1e-3)
+
+
+class Selector:
+    """A PEFT module selector checked once: a regex (full match) or a list of names / suffixes.
+
+    The regex is read by Python's ``re`` first (peft's engine: a pattern it refuses is refused
+    here too), then matched with the ``regex`` engine, whose ``timeout`` bounds the cost of a
+    pattern that backtracks without end (``(.|.)*x``) where ``re`` cannot be interrupted.
+
+    Raises:
+        InvalidArgumentError: Neither a string nor a list of strings, a regex over
+            :data:`MAX_SELECTOR_CHARS` characters, or one that does not compile.
+    """
+
+    def __init__(self, field: str, selector: Any) -> None:
+        self.field, self.selector = field, selector
+        self.names: tuple[str, ...] = ()
+        self.pattern = None
+        if isinstance(selector, str):
+            self.pattern = compile_selector(field, selector)
+        elif _is_name_list(selector):
+            self.names = tuple(selector)
+        else:
+            raise InvalidArgumentError(
+                f"{field} must be a regex string or a list of module names, got {selector!r}"
+            )
+
+    def selects(self, name: str, budget: _Budget) -> bool:
+        if self.pattern is None:
+            return any(name == t or name.endswith("." + t) for t in self.names)
+        found = bounded_match(self.pattern, name, budget, self.field, self.selector, "fullmatch")
+        return found is not None
+
+
+def compile_selector(field: str, pattern: str) -> Any:
+    """``pattern`` compiled for :func:`bounded_match`, after the checks of :class:`Selector`."""
+    if len(pattern) > MAX_SELECTOR_CHARS:
+        raise InvalidArgumentError(
+            f"{field} is a regex of {len(pattern)} characters, longer than "
+            f"{MAX_SELECTOR_CHARS}; list module names instead"
+        )
+    try:
+        re.compile(pattern)
+        return regex.compile(pattern, regex.VERSION0)
+    except (re.error, regex.error) as exc:
+        raise InvalidArgumentError(
+            f"{field}={pattern!r} is not a valid regular expression: {exc}"
+        ) from None
+
+
+def bounded_match(
+    pattern: Any, name: str, budget: _Budget, field: str, shown: Any, how: str = "match"
+) -> Any:
+    """``pattern.<how>(name)`` within what is left of ``budget``.
+
+    Raises:
+        InvalidArgumentError: The budget ran out: ``field`` costs too much to match.
+    """
+    try:
+        return getattr(pattern, how)(name, timeout=budget.left())
+    except TimeoutError:
+        raise InvalidArgumentError(
+            f"{field}={shown!r} costs too much to match against the model's module names "
+            f"(over {budget.seconds:g} s): simplify the pattern (no nested or alternated "
+            "repeats such as '(.*)*' or '(a|.)*') or list module names"
+        ) from None
+
+
+def _selects(selector: Any, name: str) -> bool:
+    """Whether ``selector`` (regex or name list) picks module ``name``, within its own budget."""
+    return Selector("target_modules", selector).selects(name, _Budget(SELECTOR_BUDGET_S))
+
+
+def _is_name_list(value: Any) -> bool:
+    return isinstance(value, Iterable) and all(isinstance(v, str) and v for v in value)
 
 
 def adapter_module_names(model: nn.Module, spec: AdapterSpec) -> list[str]:
@@ -129,23 +236,21 @@ def resolve_target_parameters(model: nn.Module, spec: AdapterSpec) -> list[tuple
     return chosen
 
 
-def _selects(selector, name: str) -> bool:
-    if isinstance(selector, str):
-        return re.fullmatch(selector, name) is not None
-    return any(name == t or name.endswith("." + t) for t in selector)
-
-
-def _layer_index(name: str, layers_pattern) -> int | None:
+def _layer_index(name: str, layers_pattern, budget: _Budget) -> int | None:
     # peft's rule: the first numbered segment (not a nested one such as an MoE expert index).
     if not layers_pattern:
-        match = re.match(r".*?\.[^.]*\.(?P<idx>\d+)\.", name)
+        match = _FIRST_LAYER.match(name)
     else:
         match = None
         for pattern in layers_pattern:
-            match = re.match(rf"(?:^|.*?\.){pattern}\.(?P<idx>\d+)\.", name)
+            compiled = compile_selector("layers_pattern", rf"(?:^|.*?\.){pattern}\.(?P<idx>\d+)\.")
+            match = bounded_match(compiled, name, budget, "layers_pattern", pattern)
             if match is not None:
                 break
     return int(match["idx"]) if match else None
+
+
+_FIRST_LAYER = re.compile(r".*?\.[^.]*\.(?P<idx>\d+)\.")
 
 
 def _inside_lora(name: str) -> bool:
