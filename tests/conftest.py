@@ -15,6 +15,11 @@ for _key, _value in {
 }.items():
     os.environ.setdefault(_key, _value)
 
+# Every Ray a test uses is one it starts: `ray.init()` and `twinkle-server launch` would otherwise
+# join any cluster `ray start` left running on the machine (another user's, another run's). Tests
+# that start a cluster of their own pass its address explicitly.
+os.environ["RAY_ADDRESS"] = "local"
+
 # Triton's interpreter must be chosen before anything imports triton (torch and transformers do,
 # and triton's own library functions are built at import): without a GPU, the kernel tests run
 # interpreted on the CPU.

@@ -90,6 +90,7 @@ def test_build_service_passes_the_mesh_to_the_backend(monkeypatch):
     from twinkle.model.options import ExecutionOptions
     from twinkle.server.config import parse_config
     from twinkle.server.model import deployment
+    from twinkle.server.placement import memory_budget_mb
 
     data = tiny_config_data()
     model_app = next(a for a in data["applications"] if a["import_path"] == "model")
@@ -119,8 +120,13 @@ def test_build_service_passes_the_mesh_to_the_backend(monkeypatch):
         "dp_size": 2,
         "device_type": "cpu",
         "worker_options": {"num_cpus": 0.25, "resources": {"trainer": 1.0}},
-        # The model's execution options (the config's execution: block, here all defaults).
-        "options": ExecutionOptions.from_env(),
+        # The model's execution options (the config's execution: block, here all defaults),
+        # with the replica's memory budget (a share of this CPU node).
+        "options": ExecutionOptions.from_env(
+            memory_budget_mb=memory_budget_mb(
+                next(a for a in config.applications if a.import_path == "model"), None
+            )
+        ),
     }
 
 

@@ -93,21 +93,26 @@ def test_print_config_round_trips(fmt, capsys):
 def test_launch_passes_the_namespace(monkeypatch):
     seen = {}
 
-    def fake_launch(config, namespace=None, blocking=True):
+    def fake_launch(config, namespace=None, blocking=True, address=None, replace=False):
         seen.update(apps=len(config.applications), namespace=namespace, blocking=blocking)
+        seen.update(address=address, replace=replace)
         return "http://127.0.0.1:8000/api/v1"
 
     monkeypatch.setattr("twinkle.server.launch.launch", fake_launch)
     monkeypatch.setenv("TWINKLE_RAY_NAMESPACE", "from-env")
     assert cli.main(["launch", "-c", str(TINY)]) == 0
-    assert seen == {"apps": 4, "namespace": "from-env", "blocking": True}
+    assert seen == {
+        "apps": 4, "namespace": "from-env", "blocking": True, "address": None, "replace": False
+    }  # fmt: skip
     assert cli.main(["launch", "-c", str(TINY), "--namespace", "explicit"]) == 0
     assert seen["namespace"] == "explicit"
+    assert cli.main(["launch", "-c", str(TINY), "--address", "local", "--replace"]) == 0
+    assert (seen["address"], seen["replace"]) == ("local", True)
 
 
 @pytest.mark.unit
 def test_launch_failure_exits_1(monkeypatch, capsys):
-    def failing_launch(config, namespace=None, blocking=True):
+    def failing_launch(config, namespace=None, blocking=True, address=None, replace=False):
         raise LaunchError("application 'server' is DEPLOY_FAILED: boom")
 
     monkeypatch.setattr("twinkle.server.launch.launch", failing_launch)
@@ -166,3 +171,23 @@ def test_module_entry_point_reports_invalid_config(bad_config):
     )
     assert result.returncode == 1
     assert "applications[1].args.queue_config.rps_limt: unknown field" in result.stderr
+
+
+@pytest.mark.unit
+def test_local_launch_on_a_port_another_process_holds_fails_saying_so(tmp_path, capsys):
+    import socket
+
+    import yaml
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        data = yaml.safe_load(TINY.read_text())
+        data["http_options"] = {**data.get("http_options", {}), "port": port}
+        path = tmp_path / "busy.yaml"
+        path.write_text(yaml.safe_dump(data))
+        assert cli.main(["launch", "-c", str(path), "--local"]) == 1
+    out = capsys.readouterr()
+    assert f"cannot serve on 127.0.0.1:{port}" in out.err
+    assert "local mode) on http" not in out.out  # no address announced that is not served

@@ -162,6 +162,50 @@ def test_launch_serves_every_application_over_http(monkeypatch):
     assert not ray.is_initialized()
 
 
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_joined_cluster_is_never_taken_over_and_the_address_is_honest(monkeypatch):
+    """In a Ray cluster where another server runs: a second launch of the same applications is
+    refused (nothing replaced) unless told to; one whose port Serve does not serve (Serve keeps
+    the HTTP options it first started with) fails saying so, instead of printing a dead URL."""
+    import ray
+    from ray import serve
+
+    monkeypatch.setenv("TWINKLE_SERVER_API_KEYS", "EMPTY_API_KEY")
+    for kind in launch_module.APP_BUILDERS:
+        monkeypatch.setitem(launch_module.APP_BUILDERS, kind, f"{__name__}:fake_build_app")
+
+    def config(port, suffix=""):
+        data = tiny_config_data()
+        data["applications"] = data["applications"][:2]
+        data["http_options"]["port"] = port
+        for app in data["applications"]:
+            app["name"] += suffix
+            if suffix:  # Serve refuses one route prefix for two applications
+                app["route_prefix"] = app["route_prefix"].replace("/api/v1", "/api/b1")
+            app["deployments"] = [{"name": "Fake", "ray_actor_options": {"num_cpus": 0}}]
+        return parse_config(data)
+
+    first = config(_free_port())
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
+             log_to_driver=False, namespace="twinkle-launch-test")  # fmt: skip
+    try:
+        url = launch_module.deploy(first, ready_timeout_s=60)
+        before = serve.status().applications["server"].last_deployed_time_s
+        with pytest.raises(launch_module.LaunchError, match="already run in this Ray cluster"):
+            launch_module.deploy(first, ready_timeout_s=60)
+        assert serve.status().applications["server"].last_deployed_time_s == before
+        assert httpx.get(f"{url}/healthz", timeout=10).status_code == 200
+        other_port = _free_port()
+        with pytest.raises(launch_module.LaunchError, match="nothing answers at") as info:
+            launch_module.deploy(config(other_port, "-b"), ready_timeout_s=60)
+        message = str(info.value)
+        assert f"127.0.0.1:{other_port}/api/b1" in message and "--address local" in message
+        assert f":{first.http_options.port}" in message  # where Serve does serve
+    finally:
+        launch_module.shutdown()
+
+
 def _cookbook(name):
     from config_samples import COOKBOOK_CONFIGS
 

@@ -37,6 +37,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve every application in this one process with uvicorn, without Ray (development)",
     )
+    launch.add_argument(
+        "--address",
+        default=None,
+        help="which Ray: 'local' (start one of its own), 'auto' (join the cluster `ray start` "
+        "runs on this machine) or a cluster address (default: $RAY_ADDRESS, else join a "
+        "`ray start` cluster when one runs here, else start its own)",
+    )
+    launch.add_argument(
+        "--replace",
+        action="store_true",
+        help="deploy over same-named applications another server runs in the joined cluster",
+    )
 
     check = commands.add_parser("check-config", help="validate a config file without starting")
     _add_config_option(check)
@@ -48,6 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
     clear = commands.add_parser("clear", help="delete stored server state")
     clear.add_argument("target", choices=("persistence",), help="what to clear")
     _add_config_option(clear)
+
+    export = commands.add_parser(
+        "export-history", help="write a run's stored training history to a tracker"
+    )
+    export.add_argument("run_id", metavar="RUN", help="the training run id")
+    export.add_argument("--to", required=True, choices=("tensorboard", "wandb", "mlflow"))
+    export.add_argument("path", metavar="DIR", help="where the tracker writes (its directory)")
+    _add_config_option(export)
 
     commands.add_parser(
         "status", help="show the state of a running server", add_help=False
@@ -129,13 +149,23 @@ def _launch(config, args) -> int:
             print(f"  - {problem}", file=sys.stderr)
         return EXIT_INVALID
     if args.local:
-        from twinkle.server.local import serve_local
+        from twinkle.server.local import LocalServeError, serve_local
 
-        serve_local(config)
+        try:
+            serve_local(config)
+        except LocalServeError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return EXIT_INVALID
         return EXIT_OK
     namespace = args.namespace or os.environ.get(NAMESPACE_ENV) or config.ray_namespace or None
     try:
-        launch(config, namespace=namespace, blocking=True)
+        launch(
+            config,
+            namespace=namespace,
+            blocking=True,
+            address=args.address,
+            replace=args.replace,
+        )
     except LaunchError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_INVALID
@@ -156,6 +186,23 @@ def _clear(config, args) -> int:
     return EXIT_OK
 
 
+def _export_history(config, args) -> int:
+    if config.persistence.mode == "memory":
+        print("error: persistence mode is 'memory': the history lives in the running server; "
+              "export it with TwinkleClient.export_history", file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
+    from twinkle.server.state._history import export_stored_history
+    from twinkle.server.state.errors import NotFoundError
+
+    try:
+        count = export_stored_history(config.persistence, args.run_id, args.to, args.path)
+    except NotFoundError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_INVALID
+    print(f"exported {count} points of run {args.run_id} to {args.to} at {args.path}")
+    return EXIT_OK
+
+
 def _status(argv: list[str]) -> int:
     try:
         status = importlib.import_module("twinkle.server.status")
@@ -173,4 +220,5 @@ _COMMANDS = {
     "check-config": _check_config,
     "print-config": _print_config,
     "clear": _clear,
+    "export-history": _export_history,
 }

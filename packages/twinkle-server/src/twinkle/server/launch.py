@@ -135,39 +135,66 @@ def use_local_ray_env(direct_ingress: bool = True) -> None:
         os.environ.setdefault(name, value)
 
 
-def init_ray(namespace: str | None = None, direct_ingress: bool = True) -> None:
-    """Connect to ``$RAY_ADDRESS`` or a running cluster, else start a light local Ray
-    (with direct ingress as ``direct_ingress`` says, see :func:`use_local_ray_env`)."""
+OWN_RAY = "started a Ray of its own"
+
+
+def init_ray(
+    namespace: str | None = None, direct_ingress: bool = True, address: str | None = None
+) -> str:
+    """Start Ray or join a cluster, as ``address`` says; returns what happened, for the log.
+
+    ``address``: ``local`` starts a Ray of this server's own even when a cluster runs on the
+    machine; ``auto`` joins the cluster ``ray start`` runs on this machine (an error when none
+    does); anything else is a cluster's address (``host:port``, ``ray://...``). ``None``:
+    ``$RAY_ADDRESS``, else the seed's flow: join the cluster ``ray start`` runs on this machine
+    when there is one, else start a Ray of its own. A Ray it starts gets ``LOCAL_RAY_ENV`` (with
+    direct ingress as ``direct_ingress`` says, see :func:`use_local_ray_env`).
+    """
     import ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if ray.is_initialized():
-        return
-    address = os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, namespace=namespace, log_to_driver=False)
-        return
-    try:
-        ray.init(address="auto", namespace=namespace, log_to_driver=False)
-        logger.info("connected to the running Ray cluster")
-    except ConnectionError:
+        return "using the Ray this process already runs"
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is None:
+        try:
+            ray.init(address="auto", namespace=namespace, log_to_driver=False)
+        except ConnectionError:
+            address = "local"
+        else:
+            return (
+                f"joined the Ray cluster started by `ray start` on this machine "
+                f"({ray.get_runtime_context().gcs_address}); --address local starts a separate one"
+            )
+    if address == "local":
         use_local_ray_env(direct_ingress)
         ray.init(
+            address="local",
             include_dashboard=False,
             _node_ip_address="127.0.0.1",
             log_to_driver=False,
             namespace=namespace,
         )
+        return OWN_RAY
+    ray.init(address=address, namespace=namespace, log_to_driver=False)
+    return f"joined the Ray cluster at {address}"
 
 
-def deploy(config: ServerConfig, ready_timeout_s: float = READY_TIMEOUT_S) -> str:
+def deploy(
+    config: ServerConfig, ready_timeout_s: float = READY_TIMEOUT_S, *, replace: bool = False
+) -> str:
     """Start Serve, deploy every application and wait until all are running.
 
+    ``replace``: deploy over applications of the same names that already run in the cluster
+    (another launch's); without it they are an error, never replaced silently.
+
     Returns:
-        The gateway's base URL, e.g. ``http://127.0.0.1:8000/api/v1``.
+        The gateway's base URL, e.g. ``http://127.0.0.1:8000/api/v1``, once it answers there.
 
     Raises:
-        LaunchError: a builder failed, an application failed, or the deadline passed.
+        LaunchError: a builder failed, an application failed, the deadline passed, applications
+            of the same names run already, or nothing answers at the configured address (Serve
+            in a joined cluster already serves HTTP elsewhere).
     """
     from ray import serve
 
@@ -176,6 +203,14 @@ def deploy(config: ServerConfig, ready_timeout_s: float = READY_TIMEOUT_S) -> st
     if http.request_timeout_s is not None:
         http_options["request_timeout_s"] = http.request_timeout_s
     serve.start(http_options=http_options, proxy_location=config.proxy_location)
+    running = set(serve.status().applications)
+    clash = sorted(running & {app.name for app in config.applications})
+    if clash and not replace:
+        raise LaunchError(
+            f"application(s) {', '.join(clash)} already run in this Ray cluster (another "
+            "server's); stop them (`serve shutdown`), launch with --address local for a Ray of "
+            "this server's own, or pass --replace to deploy over them"
+        )
     targets = []
     for app_config in config.applications:
         builder = resolve_builder(app_config.import_path)
@@ -193,7 +228,44 @@ def deploy(config: ServerConfig, ready_timeout_s: float = READY_TIMEOUT_S) -> st
                    wait_for_applications_running=False)  # fmt: skip
     wait_until_running([app.name for app in config.applications], ready_timeout_s)
     host = "127.0.0.1" if http.host in ("0.0.0.0", "::") else http.host
-    return f"http://{host}:{http.port}{config.server_application.route_prefix}"
+    url = f"http://{host}:{http.port}{config.server_application.route_prefix}"
+    if not _answers(f"{url}/healthz"):
+        raise LaunchError(
+            f"the applications run, but nothing answers at {url}: {_serving_elsewhere(http)}"
+        )
+    return url
+
+
+def _answers(url: str, timeout_s: float = 15.0) -> bool:
+    """Whether ``url`` answers 200 within ``timeout_s`` (Serve's proxy takes a moment)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(url, timeout=2.0).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.25)
+
+
+def _serving_elsewhere(http: Any) -> str:
+    """Why: Serve keeps the HTTP options it first started with in a cluster."""
+    try:
+        from ray.serve.context import _get_global_client
+
+        actual = _get_global_client().get_serve_details().get("http_options") or {}
+    except Exception:  # a private API: the reason is still worth saying without it
+        actual = {}
+    where = f" at {actual.get('host')}:{actual.get('port')}" if actual.get("port") else ""
+    return (
+        f"Serve in this Ray cluster was started before, with other HTTP options{where}, and "
+        f"keeps them (asked: {http.host}:{http.port}); launch with --address local for a Ray of "
+        "this server's own, or stop that Serve (`serve shutdown`)"
+    )
 
 
 def wait_until_running(names: list[str], timeout_s: float, poll_s: float = 0.5) -> None:
@@ -235,13 +307,21 @@ def _describe(status: Any) -> str:
     return "; ".join(messages) or "no message"
 
 
-def shutdown() -> None:
-    """Stop Serve and disconnect from (or stop the local) Ray."""
+def shutdown(applications: list[str] | None = None) -> None:
+    """Stop Serve and disconnect from (or stop the local) Ray. ``applications``: in a cluster
+    this server joined, delete only these (its own) and leave Serve and the others running."""
     import ray
     from ray import serve
 
     if ray.is_initialized():
-        serve.shutdown()
+        if applications is None:
+            serve.shutdown()
+        else:
+            for name in applications:
+                try:
+                    serve.delete(name)
+                except Exception as error:  # one that never deployed: the others still go
+                    logger.warning("could not delete application %s: %s", name, error)
         ray.shutdown()
 
 
@@ -251,6 +331,8 @@ def launch(
     blocking: bool = True,
     *,
     ready_timeout_s: float = READY_TIMEOUT_S,
+    address: str | None = None,
+    replace: bool = False,
 ) -> str:
     """Serve ``config``: start Ray and Serve, deploy, wait until ready, print the URL.
 
@@ -260,6 +342,8 @@ def launch(
         blocking: block until Ctrl-C or SIGTERM, then shut down; otherwise return at once and
             leave the caller to call ``shutdown()``.
         ready_timeout_s: how long all applications may take to become RUNNING.
+        address: which Ray (see :func:`init_ray`): ``local``, ``auto`` or a cluster's address.
+        replace: deploy over same-named applications another server runs in the cluster.
 
     Returns:
         The gateway's base URL.
@@ -271,14 +355,23 @@ def launch(
         raise LaunchError("cannot launch:\n  - " + "\n  - ".join(problems))
     # Keys are read here, once; replicas on any node get only their digests.
     config = config.model_copy(update={"auth": config.auth.sealed()})
-    init_ray(
+    how = init_ray(
         namespace or os.environ.get("TWINKLE_RAY_NAMESPACE") or None,
         config.http_options.serves_direct_ingress(),
+        address,
     )
+    print(f"Ray: {how}", flush=True)
+    # In a joined cluster, stop only what this server deployed: Serve and the other
+    # applications belong to whoever started them.
+    own = None if how == OWN_RAY else [app.name for app in config.applications]
     try:
-        url = deploy(config, ready_timeout_s)
+        url = deploy(config, ready_timeout_s, replace=replace)
+    except LaunchError as error:
+        clashed = "already run in this Ray cluster" in str(error)
+        shutdown(None if own is None else ([] if clashed else own))
+        raise
     except BaseException:
-        shutdown()
+        shutdown(own)
         raise
     print(f"Twinkle server ready at {url}", flush=True)
     if blocking:
@@ -286,7 +379,7 @@ def launch(
             _wait_for_stop_signal()
         finally:
             print("Shutting down the Twinkle server", flush=True)
-            shutdown()
+            shutdown(own)
     return url
 
 

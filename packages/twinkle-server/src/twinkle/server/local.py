@@ -7,6 +7,7 @@ and the gateway reaches the model and sampler services directly. Tests drive it 
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,8 +138,21 @@ def serve_local(config: ServerConfig) -> None:
 
     from twinkle.server.web import StartOnFirstRequest
 
+    host, port = config.http_options.host, config.http_options.port
+    # Bound before anything is built or printed: a port another process holds is an error that
+    # says so, never a "serving on" line for an address this process does not serve.
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise LocalServeError(f"cannot serve on {host}:{port}: {error.strerror}") from error
     server = build_local_server(config)
     app = StartOnFirstRequest(server.app, start=lambda: maintain_forever(server, config))
-    host, port = config.http_options.host, config.http_options.port
     print(f"Twinkle server (local mode) on http://{host}:{port}/api/v1", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+
+
+class LocalServeError(RuntimeError):
+    """``serve_local`` could not have its address."""

@@ -111,12 +111,13 @@ def placement_of(component: Any) -> dict[str, Any]:
     return report
 
 
-def memory_budget_mb(app_config: ApplicationConfig, config: ServerConfig) -> int | None:
+def memory_budget_mb(app_config: ApplicationConfig, config: ServerConfig | None) -> int | None:
     """The memory budget of one replica of a ``model`` application (``execution.memory_budget_mb``
     when the config gives one): its deployment's Ray ``memory`` resource when given (Ray places
     the replica where that much is free), else, on a CPU replica, an equal share of
     :data:`MODEL_SHARE` of this node's memory less :data:`CONTROL_PLANE_RESERVE_MB`, among the
-    config's model replicas. ``None`` for a replica on accelerators: the device's free memory
+    config's model replicas (``config`` ``None``: this application's). ``None`` for a replica on
+    accelerators: the device's free memory
     bounds its passes."""
     execution = getattr(app_config.args, "execution", None)
     if execution is not None and execution.memory_budget_mb is not None:
@@ -126,9 +127,10 @@ def memory_budget_mb(app_config: ApplicationConfig, config: ServerConfig) -> int
         return max(1, actor.memory >> 20)
     if group_gpus(app_config) > 0:
         return None
+    apps = config.applications if config is not None else [app_config]
     replicas = sum(
         sum(_most_replicas(d) for d in app.deployments) or 1
-        for app in config.applications
+        for app in apps
         if app.import_path == "model"
     )
     total = _node_memory_mb()

@@ -62,7 +62,7 @@ def build_service(app_config: ApplicationConfig, context) -> ModelService:
             kwargs["ep_size"] = mesh.ep_size
     torch_backend = args.backend != "mock"
     options = args.execution.options().replace(
-        memory_budget_mb=memory_budget_mb(app_config, context.config)
+        memory_budget_mb=memory_budget_mb(app_config, getattr(context, "config", None))
     )
     if torch_backend:
         kwargs["options"] = options
