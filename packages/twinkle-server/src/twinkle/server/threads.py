@@ -52,7 +52,7 @@ def model_thread() -> ThreadPoolExecutor:
     torch's CPU kernels run on an OpenMP thread team per calling thread. A second thread that
     also calls torch (say, the model built on the replica's main thread, trained on a worker)
     gets a second team, and the two teams' spinning threads fight over the cores (a fused step
-    then runs far slower; figures: docs/performance-history.md).
+    then runs far slower).
     """
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="twinkle-model")
 

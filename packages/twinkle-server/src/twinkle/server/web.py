@@ -229,7 +229,7 @@ class StartOnFirstRequest:
 
     Pure ASGI on purpose: Starlette's ``@app.middleware("http")`` wraps every request in extra
     tasks and streams, which costs more per request than a whole small model request does
-    without it (figures: docs/performance-history.md).
+    without it.
 
     Args:
         app: The wrapped ASGI app.

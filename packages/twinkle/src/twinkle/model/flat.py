@@ -3,8 +3,7 @@
 A LoRA adapter is many small tensors: A and B of every adapted linear (30 on the tiny model, 392
 on a 28-layer model with every linear adapted). A CPU optimizer step over them pays per tensor:
 the multi-tensor ``_foreach`` kernels and the fused Adam kernel loop over the list, so the clip
-and step of eight tiny adapters spent most of their time in that loop (figures:
-docs/performance-history.md). With each kind of tensor in one buffer per tenant, a step handles ONE
+and step of eight tiny adapters spent most of their time in that loop. With each kind of tensor in one buffer per tenant, a step handles ONE
 tensor per tenant:
 
 * weights: every ``lora_A``/``lora_B`` parameter keeps its identity (modules, optimizers and

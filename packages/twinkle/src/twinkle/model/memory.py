@@ -4,7 +4,7 @@ A training step on the CPU allocates and frees the same large temporaries every 
 their gradient, activations). glibc serves blocks above its mmap threshold with fresh ``mmap``
 pages and returns freed memory at the top of its heap to the OS; either way the next step's
 tensors start on untouched pages, and the kernel's page faults and zero-filling cost as much as
-a good part of the arithmetic (figures: docs/performance-history.md). Tensors above the largest
+a good part of the arithmetic. Tensors above the largest
 threshold glibc allows (32 MiB) gain nothing.
 
 :func:`keep_freed_memory` raises the mmap threshold to that maximum and the trim threshold to

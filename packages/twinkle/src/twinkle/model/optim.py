@@ -53,7 +53,7 @@ def build_optimizer(
         and "foreach" not in kwargs
     ):
         # One fused kernel per step instead of several per parameter, which matters with many
-        # small tenants (figures: docs/performance-history.md).
+        # small tenants.
         kwargs["fused"] = True
     return cls(params, **kwargs)
 

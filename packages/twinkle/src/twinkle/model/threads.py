@@ -1,8 +1,7 @@
 """Run small CPU work on one intra-op thread.
 
 On a CPU, torch splits many kernels across its thread pool; for small tensors the pool's fork/join
-costs more than the arithmetic (figures: docs/performance-history.md, "Figures that used to live
-in docstrings"). ``one_thread(True)`` drops to one thread for the block and restores the previous
+costs more than the arithmetic. ``one_thread(True)`` drops to one thread for the block and restores the previous
 count; it is cheap and affects only performance. A model applies the rule as its
 ``ExecutionOptions`` say (``small_gemm_one_thread``, ``small_tensor_elements``).
 """

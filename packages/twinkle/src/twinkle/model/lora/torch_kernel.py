@@ -8,7 +8,7 @@ autograd nodes, not their arithmetic. So:
 * consecutive segments with the same rank and row count run as one ``bmm`` per stage (2 forward,
   4 backward); a lone segment uses ``mm``; ranks are never padded;
 * every GEMM keeps torch's thread count (one thread for a layer call of small lone GEMMs, an
-  earlier rule, was slower on the fused step; docs/performance-history.md);
+  earlier rule, was slower on the fused step);
 * a segment's scaling rides in the GEMMs' ``alpha`` (``addmm``/``baddbmm``) instead of a multiply
   by a Python float, which costs a scalar conversion and a kernel per call; only a group whose
   segments have different scalings multiplies by a ``[k, 1, 1]`` tensor;

@@ -37,7 +37,7 @@ def token_logprobs(
 
     On the CPU the tokens go through the cross-entropy in chunks of ~2 MiB of fp32 logits: a
     whole batch's log-softmax and its gradient stream several [tokens, vocab] tensors through
-    memory, while a chunk's stay in cache (measurements: docs/performance-history.md). The values
+    memory, while a chunk's stay in cache. The values
     are the same (each token's log-probability depends only on its own row). Accelerator tensors
     take one call, as kernel launches there cost more than the cache saves. ``chunk_bytes``:
     ``ExecutionOptions.logprob_chunk_bytes`` (default :data:`CPU_CHUNK_BYTES`).
