@@ -236,9 +236,11 @@ class TorchSampler(Sampler):
         :func:`twinkle.model.step.passes.linear_head`), unless the options turn that off."""
         if not self.options.linear_logprobs:
             return None
-        from twinkle.model.step.passes import linear_head
+        from twinkle.model.step.passes import linear_head, lora_head
 
-        return linear_head(self.model)
+        # A head with adapters on it takes the materialised path here (the logits-free form
+        # with the adapters' low-rank part is the training step's, step.passes.lora_head).
+        return None if lora_head(self.model) is not None else linear_head(self.model)
 
     def _prefill_hidden(self, batch: DecodeBatch) -> tuple[torch.Tensor, Any]:
         """The prefill through the decoder alone: its last hidden states ``[B, T, H]`` and the

@@ -19,6 +19,7 @@ summation order).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -124,6 +125,99 @@ def _recomputed_backward(ctx, grad_logprobs_N):
     return grad_hidden, grad_weight, None, None, None
 
 
+class _LoraHeadLogprobs(torch.autograd.Function):
+    """Log-probs through a head with a LoRA adapter: ``logits = h W^T + u B^T``, where
+    ``u = scaling * dropout(h) A^T`` (``[N, r]``, computed by autograd outside) and ``W`` is the
+    frozen base head. ``(hidden [N, H], u [N, r], W [V, H], B [V, r], targets [N]) ->
+    (logprobs [N], hits [N], entropies [N] or [0])``. Backward computes each chunk's logits again
+    and gives the gradients of ``h``, ``u`` and ``B`` (``[V, r]``, small); ``W`` gets one only
+    when it is trainable."""
+
+    @staticmethod
+    def forward(ctx, hidden_N_H, u_N_R, weight_V_H, lora_B_V_R, targets_N, chunk, want_entropy):
+        tokens = hidden_N_H.shape[0]
+        logprobs_N = hidden_N_H.new_zeros(tokens, dtype=torch.float32)
+        hits_N = torch.zeros(tokens, dtype=torch.bool, device=hidden_N_H.device)
+        lse_N = hidden_N_H.new_zeros(tokens, dtype=torch.float32)
+        entropy_N = hidden_N_H.new_zeros(tokens if want_entropy else 0, dtype=torch.float32)
+        for start in range(0, tokens, chunk):
+            rows = slice(start, start + chunk)
+            logits_C_V = _lora_logits(hidden_N_H[rows], u_N_R[rows], weight_V_H, lora_B_V_R)
+            stats = _chunk_stats(logits_C_V, targets_N[rows], want_entropy)
+            logprobs_N[rows], hits_N[rows], lse_N[rows] = stats[:3]
+            if want_entropy:
+                entropy_N[rows] = stats[3]
+        ctx.save_for_backward(hidden_N_H, u_N_R, weight_V_H, lora_B_V_R, targets_N, lse_N)
+        ctx.chunk = chunk
+        ctx.mark_non_differentiable(hits_N, entropy_N)
+        return logprobs_N, hits_N, entropy_N
+
+    @staticmethod
+    def backward(ctx, grad_logprobs_N, _grad_hits, _grad_entropy):
+        hidden_N_H, u_N_R, weight_V_H, lora_B_V_R, targets_N, lse_N = ctx.saved_tensors
+        need_h, need_u, need_w, need_b = ctx.needs_input_grad[:4]
+        grad_h = torch.zeros_like(hidden_N_H) if need_h else None
+        grad_u = torch.zeros_like(u_N_R) if need_u else None
+        grad_w = torch.zeros_like(weight_V_H, dtype=torch.float32) if need_w else None
+        grad_b = torch.zeros_like(lora_B_V_R, dtype=torch.float32) if need_b else None
+        for start in range(0, hidden_N_H.shape[0], ctx.chunk):
+            rows = slice(start, start + ctx.chunk)
+            h_C_H, u_C_R, targets_C = hidden_N_H[rows], u_N_R[rows], targets_N[rows]
+            valid_C = targets_C != IGNORE_INDEX
+            scale_C = torch.where(valid_C, grad_logprobs_N[rows].float(), 0.0)
+            # d logprob / d logits = onehot(target) - softmax, in place over the chunk's logits
+            grad_C_V = _lora_logits(h_C_H, u_C_R, weight_V_H, lora_B_V_R)
+            grad_C_V.sub_(lse_N[rows, None]).exp_().mul_(-scale_C[:, None])
+            grad_C_V.scatter_add_(-1, torch.where(valid_C, targets_C, 0)[:, None], scale_C[:, None])
+            if need_h:
+                grad_h[rows] = (grad_C_V.to(weight_V_H.dtype) @ weight_V_H).to(h_C_H.dtype)
+            if need_u:
+                grad_u[rows] = (grad_C_V.to(lora_B_V_R.dtype) @ lora_B_V_R).to(u_C_R.dtype)
+            if need_w:
+                grad_w += grad_C_V.T @ h_C_H.float()
+            if need_b:
+                grad_b += grad_C_V.T @ u_C_R.float()
+        grad_w = grad_w.to(weight_V_H.dtype) if need_w else None
+        grad_b = grad_b.to(lora_B_V_R.dtype) if need_b else None
+        return grad_h, grad_u, grad_w, grad_b, None, None, None
+
+
+def _lora_logits(hidden_C_H, u_C_R, weight_V_H, lora_B_V_R):
+    """A chunk's fp32 logits through the base head plus its low-rank delta."""
+    return (hidden_C_H @ weight_V_H.T).float().addmm_(u_C_R.float(), lora_B_V_R.T.float())
+
+
+def _chunk_stats(logits_C_V, targets_C, want_entropy):
+    """(logprobs, hits, logsumexp[, entropies]) of a chunk's fp32 logits (consumed in place)."""
+    valid_C = targets_C != IGNORE_INDEX
+    safe_C = torch.where(valid_C, targets_C, 0)
+    target_logit_C = logits_C_V.gather(-1, safe_C[:, None]).squeeze(-1)
+    max_C = logits_C_V.amax(-1)
+    shifted_C_V = logits_C_V.sub_(max_C[:, None])
+    if want_entropy:
+        weighted_C = (shifted_C_V.exp() * shifted_C_V).sum(-1)
+    sum_C = shifted_C_V.exp_().sum(-1)
+    lse_C = max_C + sum_C.log()
+    out = [
+        torch.where(valid_C, target_logit_C - lse_C, 0.0),
+        valid_C & (target_logit_C >= max_C),
+        lse_C,
+    ]
+    if want_entropy:
+        out.append(sum_C.log() - weighted_C / sum_C)
+    return out
+
+
+class LoraHeadRows(NamedTuple):
+    """Rows ``start:end`` of a pass whose LM head carries an adapter: its low-rank input
+    ``u`` (``[rows, T, r]``, ``scaling * dropout(h) A^T``) and its ``B`` (``[V, r]``)."""
+
+    start: int
+    end: int
+    u: torch.Tensor
+    lora_B: torch.Tensor
+
+
 class TokenStats(NamedTuple):
     """Per-token figures of :func:`linear_token_logprobs`, each ``[B, T]``."""
 
@@ -141,6 +235,7 @@ def linear_token_logprobs(
     targets_B_T: torch.Tensor,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     entropies: bool = False,
+    lora: Sequence[LoraHeadRows] = (),
 ) -> TokenStats:
     """Per-token ``log p(target)``, argmax hits and, when ``entropies``, the entropies.
 
@@ -151,6 +246,8 @@ def linear_token_logprobs(
         chunk_bytes: fp32 logits one chunk of tokens may hold.
         entropies: Also the entropy of each token's distribution (one more pass over each
             chunk's logits).
+        lora: Row ranges whose head carries an adapter (:class:`LoraHeadRows`, not
+            overlapping); the other rows go through the plain head.
 
     Returns:
         A :class:`TokenStats`; gradients flow from the log-probs to the hidden states and the
@@ -159,12 +256,35 @@ def linear_token_logprobs(
     batch, seq, width = hidden_B_T_H.shape
     vocab = weight_V_H.shape[0]
     chunk = max(1, chunk_bytes // (4 * vocab))
-    logprobs_N, hits_N, entropy_N = _LinearLogprobs.apply(
-        hidden_B_T_H.reshape(batch * seq, width),
-        weight_V_H,
-        targets_B_T.reshape(-1),
-        chunk,
-        entropies,
+    parts, row = [], 0
+    for seg in sorted(lora, key=lambda s: s.start):
+        if seg.start > row:
+            parts.append(
+                _plain(
+                    hidden_B_T_H[row : seg.start],
+                    weight_V_H,
+                    targets_B_T[row : seg.start],
+                    chunk,
+                    entropies,
+                )
+            )
+        rows = seg.end - seg.start
+        parts.append(
+            _LoraHeadLogprobs.apply(
+                hidden_B_T_H[seg.start : seg.end].reshape(rows * seq, width),
+                seg.u.reshape(rows * seq, -1),
+                weight_V_H,
+                seg.lora_B,
+                targets_B_T[seg.start : seg.end].reshape(-1),
+                chunk,
+                entropies,
+            )
+        )
+        row = seg.end
+    if row < batch or not parts:
+        parts.append(_plain(hidden_B_T_H[row:], weight_V_H, targets_B_T[row:], chunk, entropies))
+    logprobs_N, hits_N, entropy_N = (
+        parts[0] if len(parts) == 1 else [torch.cat(column) for column in zip(*parts)]
     )
     return TokenStats(
         logprobs_N.reshape(batch, seq),
@@ -173,4 +293,15 @@ def linear_token_logprobs(
     )
 
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "TokenStats", "linear_token_logprobs"]
+def _plain(hidden_B_T_H, weight_V_H, targets_B_T, chunk, entropies):
+    rows, seq, width = hidden_B_T_H.shape
+    return _LinearLogprobs.apply(
+        hidden_B_T_H.reshape(rows * seq, width),
+        weight_V_H,
+        targets_B_T.reshape(-1),
+        chunk,
+        entropies,
+    )
+
+
+__all__ = ["DEFAULT_CHUNK_BYTES", "LoraHeadRows", "TokenStats", "linear_token_logprobs"]

@@ -2,10 +2,10 @@
 each go through their own tenant's adapter, then the targets' log-probabilities (and, for the
 batches that need them, pooled last hidden states or the logits of a teacher's top-k tokens).
 
-Where the model's LM head is a plain linear layer, the pass stops at the last hidden states and
-the log-probs come from them and the head in chunks of tokens
-(:mod:`~twinkle.model.step.linear_logprobs`): no ``[tokens, vocab]`` logits are kept. Any other
-head (softcapped, scaled, with a bias or an adapter) gives the logits as the model computes them."""
+Where the model's LM head is a plain linear layer (with or without tenants' adapters on it), the
+pass stops at the last hidden states and the log-probs come from them and the head in chunks of
+tokens (:mod:`~twinkle.model.step.linear_logprobs`): no ``[tokens, vocab]`` logits are kept. Any
+other head (softcapped, scaled, with a bias) gives the logits as the model computes them."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from twinkle.model.lora import LoraRouter, RowRoute
+from twinkle.model.lora import LoraRouter, MultiLoraLinear, RowRoute
 from twinkle.model.options import ExecutionOptions
 from twinkle.model.step.batch import PAD_VALUES, TenantBatch
-from twinkle.model.step.linear_logprobs import linear_token_logprobs
+from twinkle.model.step.linear_logprobs import LoraHeadRows, linear_token_logprobs
 from twinkle.model.step.tensors import IGNORE_INDEX, token_entropies, token_logprobs
 from twinkle.model.step.vision import vision_inputs
 
@@ -60,21 +60,33 @@ class PassOutput:
     logits: torch.Tensor | None
     hidden: torch.Tensor | None
     head: torch.Tensor | None = None
+    head_lora: tuple[LoraHeadRows, ...] = ()
+    """Rows whose head carries an adapter, with its low-rank part (logits-free passes)."""
 
     def logits_of(self, rows: slice) -> torch.Tensor:
         """Logits of ``rows`` (computed here when the pass kept none)."""
         if self.logits is not None:
             return self.logits[rows]
-        return self.hidden[rows] @ self.head.T
+        logits = self.hidden[rows] @ self.head.T
+        start, stop, _ = rows.indices(self.hidden.shape[0])
+        for seg in self.head_lora:
+            lo, hi = max(start, seg.start), min(stop, seg.end)
+            if lo < hi:
+                part = seg.u[lo - seg.start : hi - seg.start] @ seg.lora_B.T.to(seg.u.dtype)
+                logits[lo - start : hi - start] += part.to(logits.dtype)
+        return logits
 
 
 def linear_head(base_model: torch.nn.Module) -> torch.Tensor | None:
     """The weight of ``base_model``'s LM head when logits are exactly ``hidden @ weight.T`` (a
     plain ``nn.Linear`` without bias, no logit transform in the config, the decoder reachable as
-    the model's base); else ``None``."""
+    the model's base), plus, where the head carries adapters (:func:`lora_head`), each routed
+    row's low-rank delta; else ``None``."""
     head = (
         base_model.get_output_embeddings() if hasattr(base_model, "get_output_embeddings") else None
     )
+    if isinstance(head, MultiLoraLinear):
+        head = head.base_layer
     if type(head) is not torch.nn.Linear or head.bias is not None:
         return None
     config = getattr(base_model, "config", None)
@@ -85,6 +97,32 @@ def linear_head(base_model: torch.nn.Module) -> torch.Tensor | None:
     if getattr(base_model, getattr(base_model, "base_model_prefix", ""), None) is None:
         return None
     return head.weight
+
+
+def lora_head(base_model: torch.nn.Module) -> MultiLoraLinear | None:
+    """The LM head when it carries adapters (a Tinker model's ``train_unembed``, or a
+    ``target_modules`` naming it) and :func:`linear_head` takes log-probs from it."""
+    head = (
+        base_model.get_output_embeddings() if hasattr(base_model, "get_output_embeddings") else None
+    )
+    return (
+        head if isinstance(head, MultiLoraLinear) and linear_head(base_model) is not None else None
+    )
+
+
+def _head_rows(head: MultiLoraLinear | None, hidden: torch.Tensor) -> tuple[LoraHeadRows, ...]:
+    """Each routed row range's low-rank input of the head's adapter (dropout where a graph is
+    built, as the layer itself applies it), for the logits-free log-probs."""
+    if head is None:
+        return ()
+    rows = []
+    for segment in head.segments(hidden.shape[0]):
+        x = hidden[segment.start : segment.end]
+        if segment.dropout is not None:
+            x = segment.dropout(x)
+        u = (x @ segment.lora_A.T.to(x.dtype)) * segment.scaling
+        rows.append(LoraHeadRows(segment.start, segment.end, u, segment.lora_B))
+    return tuple(rows)
 
 
 def run_base(
@@ -115,7 +153,7 @@ def run_base(
         if head is not None:
             decoder = getattr(base_model, base_model.base_model_prefix)
             out = decoder(**stacked, use_cache=False)
-            return PassOutput(None, out[0], head)
+            return PassOutput(None, out[0], head, _head_rows(lora_head(base_model), out[0]))
         out = base_model(**stacked, use_cache=False, output_hidden_states=hidden)
     return PassOutput(out.logits, out.hidden_states[-1] if hidden else None)
 
@@ -245,7 +283,7 @@ def _attach_logprobs(
     targets = targets.to(source.device)
     if out.logits is None:
         logprobs, hits, entropy = linear_token_logprobs(
-            out.hidden, out.head, targets, options.linear_chunk_bytes, entropies
+            out.hidden, out.head, targets, options.linear_chunk_bytes, entropies, out.head_lora
         )
     else:
         logprobs = token_logprobs(out.logits, targets, options.logprob_chunk_bytes)
@@ -276,6 +314,7 @@ __all__ = [
     "PassOutput",
     "forward_batches",
     "linear_head",
+    "lora_head",
     "pad_to",
     "pool",
     "run_base",
