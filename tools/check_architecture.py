@@ -3,6 +3,11 @@
 ``twinkle`` is one namespace spread over two distributions (``twinkle`` and ``twinkle-server``);
 import-linter reads one directory per package, so the sources are first copied into one tree.
 
+import-linter has no contract for "no import cycle between any two modules" (``acyclic_siblings``
+compares the children of a package, squashed, which is stricter than a module graph without
+cycles); :class:`AcyclicContract` adds it as the contract type ``acyclic``, registered in
+``.importlinter`` and reported like the others.
+
 Usage: python tools/check_architecture.py [ROOT]   (ROOT: a checkout, default this one)
 """
 
@@ -14,6 +19,97 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from grimp import ImportGraph
+from importlinter import Contract, ContractCheck, fields, output
+from importlinter.application import contract_utils
+from importlinter.application.contract_utils import AlertLevel
+
+TOOLS = Path(__file__).resolve().parent
+
+
+class AcyclicContract(Contract):
+    """No import cycle between any two modules of ``packages`` (descendants included).
+
+    Every import counts: at module level, inside a function, or under ``TYPE_CHECKING`` (a
+    cycle that only a lazy import keeps from failing at run time is still a cycle). One
+    shortest cycle is reported per group of modules that import each other round, with the
+    line of each import.
+
+    Configuration options:
+        - packages: The packages whose modules must not import each other round.
+        - ignore_imports: Imports left out of the graph (each one listed with its reason).
+        - unmatched_ignore_imports_alerting: ``none``, ``warn`` or ``error`` (default) when an
+          ignored import no longer exists.
+    """
+
+    type_name = "acyclic"
+
+    packages = fields.ListField(subfield=fields.ModuleField())
+    ignore_imports = fields.SetField(subfield=fields.ImportExpressionField(), required=False)
+    unmatched_ignore_imports_alerting = fields.EnumField(AlertLevel, default=AlertLevel.ERROR)
+
+    def check(self, graph: ImportGraph, verbose: bool) -> ContractCheck:
+        removal = contract_utils.remove_ignored_imports_and_report(
+            graph=graph,
+            ignore_imports=self.ignore_imports,  # type: ignore[arg-type]
+            unmatched_alerting=self.unmatched_ignore_imports_alerting,  # type: ignore[arg-type]
+        )
+        modules: set[str] = set()
+        for package in self.packages:  # type: ignore[attr-defined]
+            modules |= {package.name} | graph.find_descendants(package.name)
+        cycles = [
+            [_import_line(graph, a, b) for a, b in zip(cycle, (*cycle[1:], cycle[0]))]
+            for cycle in find_cycles(graph, modules)
+        ]
+        return ContractCheck(
+            kept=not cycles,
+            warnings=list(removal.warnings),
+            ignored_import_count=removal.ignored_import_count,
+            metadata={"cycles": cycles},
+        )
+
+    def render_broken_contract(self, check: ContractCheck) -> None:
+        for cycle in check.metadata["cycles"]:
+            names = [importer for importer, _, _ in cycle]
+            output.print_error(f"Import cycle: {' -> '.join([*names, names[0]])}")
+            for importer, imported, where in cycle:
+                output.print_error(f"- {importer} -> {imported} ({where})", bold=False)
+            output.new_line()
+
+
+def find_cycles(graph: ImportGraph, modules: set[str]) -> list[tuple[str, ...]]:
+    """One shortest cycle (``a -> b -> ... -> a``, as ``(a, b, ...)``) per group of
+    ``modules`` that import each other round (a strongly connected component)."""
+    best: dict[str, tuple[str, ...]] = {}  # module -> shortest cycle through it
+    for importer in sorted(modules):
+        for imported in sorted(graph.find_modules_directly_imported_by(importer) & modules):
+            back = graph.find_shortest_chain(importer=imported, imported=importer)
+            if back and set(back) <= modules:
+                cycle = (importer, *back[:-1])
+                for module in cycle:
+                    if module not in best or len(cycle) < len(best[module]):
+                        best[module] = cycle
+    groups: list[set[str]] = []
+    for cycle in best.values():
+        touching = [g for g in groups if g & set(cycle)]
+        merged = set(cycle).union(*touching)
+        groups = [g for g in groups if g not in touching] + [merged]
+    return [
+        _rotated(min((best[m] for m in group), key=lambda c: (len(c), c)))
+        for group in sorted(groups, key=min)
+    ]
+
+
+def _rotated(cycle: tuple[str, ...]) -> tuple[str, ...]:
+    start = cycle.index(min(cycle))
+    return cycle[start:] + cycle[:start]
+
+
+def _import_line(graph: ImportGraph, importer: str, imported: str) -> tuple[str, str, str]:
+    details = graph.get_import_details(importer=importer, imported=imported)
+    where = ", ".join(f"l.{d['line_number']}: {d['line_contents']}" for d in details)
+    return importer, imported, where or "import"
 
 
 def merged_tree(root: Path, into: Path) -> None:
@@ -30,15 +126,16 @@ def merged_tree(root: Path, into: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    root = Path(argv[1] if len(argv) > 1 else Path(__file__).resolve().parents[1]).resolve()
-    config = Path(__file__).resolve().parents[1] / ".importlinter"
+    root = Path(argv[1] if len(argv) > 1 else TOOLS.parent).resolve()
+    config = TOOLS.parent / ".importlinter"
     lint = shutil.which("lint-imports")
     if lint is None:
         print("lint-imports not found: pip install import-linter", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         merged_tree(root, Path(tmp))
-        env = {**os.environ, "PYTHONPATH": tmp}
+        # ``tools`` too: .importlinter registers ``check_architecture.AcyclicContract``.
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([tmp, str(TOOLS)])}
         return subprocess.call([lint, str(config), "--no-cache"], cwd=tmp, env=env)
 
 

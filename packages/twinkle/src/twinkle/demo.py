@@ -15,84 +15,17 @@ Run: ``python -m twinkle.demo`` (or ``twinkle-demo``).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import time
 from pathlib import Path
 
-import numpy as np
 from tqdm import tqdm
 
 from twinkle import get_logger
+from twinkle._demo_tenants import pretrain_dataloader, save_curves, sft_dataloader
 
 logger = get_logger("twinkle.demo")
-
-
-def _sft_dataloader(model_id: str, batch_size: int):
-    from twinkle.dataloader import DataLoader
-    from twinkle.dataset import Dataset, DatasetMeta
-
-    dataset = Dataset(dataset_meta=DatasetMeta("builtin://self-cognition"))
-    dataset.set_template("Qwen3_5Template", model_id=model_id, max_length=256)
-    dataset.map(
-        "SelfCognitionProcessor",
-        init_args={"model_name": "Twinkle", "model_author": "the Twinkle team"},
-    )
-    dataset.encode(batched=True)
-    return DataLoader(dataset=dataset, batch_size=batch_size, shuffle=True, seed=0)
-
-
-def _pretrain_dataloader(model_id: str, batch_size: int, seq: int = 64):
-    """Raw text cut into fixed windows; every token is a target (continued pre-training)."""
-    from twinkle.dataloader import DataLoader
-    from twinkle.hub import load_tokenizer
-
-    corpus = Path(__file__).parent / "hub" / "corpus"
-    text = "\n".join(p.read_text() for p in sorted(corpus.glob("en_*.txt")))
-    ids = np.asarray(load_tokenizer(model_id)(text)["input_ids"], dtype=np.int64)
-    windows = [ids[i : i + seq] for i in range(0, len(ids) - seq, seq)][:160]
-    features = [{"input_ids": w, "labels": w.copy()} for w in windows]
-    return DataLoader(dataset=features, batch_size=batch_size, shuffle=True, seed=1)
-
-
-def _smooth(values: list[float], weight: float = 0.9) -> list[float]:
-    """Exponential moving average, bias-corrected so the curve starts at the first value."""
-    out, average = [], 0.0
-    for i, value in enumerate(values, start=1):
-        average = weight * average + (1 - weight) * value
-        out.append(average / (1 - weight**i))
-    return out
-
-
-def _save_curves(history: dict[str, list[float]], path: Path) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        logger.warning(
-            "matplotlib is not installed: no loss-curve picture (pip install matplotlib)"
-        )
-        return None
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for tenant, losses in history.items():
-        steps = range(1, len(losses) + 1)
-        line = ax.plot(steps, losses, alpha=0.3, linewidth=0.8)[0]
-        ax.plot(
-            steps,
-            _smooth(losses),
-            color=line.get_color(),
-            linewidth=2,
-            label=f"{tenant} (moving average)",
-        )
-    ax.set_xlabel("step")
-    ax.set_ylabel("training loss")
-    ax.set_title("Twinkle demo: two tenants on one shared base model")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
 
 
 def _next_batch(iterators: dict, loaders: dict, name: str):
@@ -114,8 +47,8 @@ def run(
 
     started = time.perf_counter()
     loaders = {
-        "tenant_a": _sft_dataloader(model_id, batch_size),
-        "tenant_b": _pretrain_dataloader(model_id, batch_size),
+        "tenant_a": sft_dataloader(model_id, batch_size),
+        "tenant_b": pretrain_dataloader(model_id, batch_size),
     }
     model = MultiLoraTransformersModel(model_id=model_id)
 
@@ -164,7 +97,7 @@ def run(
             adapter_name=name,
         )
         logger.info("saved %s checkpoint: %s", name, path)
-    picture = _save_curves(history, output_dir / "loss_curves.png")
+    picture = save_curves(history, output_dir / "loss_curves.png")
     if picture:
         logger.info("loss curves: %s", picture)
     logger.info("done in %.1f s", time.perf_counter() - started)
@@ -186,16 +119,14 @@ def main(argv: list[str] | None = None) -> int:
         default=Path(os.environ.get("TWINKLE_OUTPUT_DIR", "output")) / "demo",
     )
     args = parser.parse_args(argv)
-    try:
-        from twinkle.server import demo as served
-    except ImportError:
-        served = None
-        if not args.local:
-            logger.info(
-                "twinkle-server is not installed: running the demo in this process (--local)"
-            )
-    if served is not None and not args.local:
-        history = served.run(args.steps, args.output_dir)
+    served = not args.local and importlib.util.find_spec("twinkle.server") is not None
+    if not args.local and not served:
+        logger.info("twinkle-server is not installed: running the demo in this process (--local)")
+    if served:
+        # The served demo lives with the server, which is installed apart from the library.
+        from twinkle.server import demo as served_demo
+
+        history = served_demo.run(args.steps, args.output_dir)
     else:
         history = run(args.model_id, args.steps, args.output_dir)
     for name, losses in history.items():

@@ -3,6 +3,8 @@
 Each one also subclasses the builtin exception the library raised for the same mistake before,
 so ``except ValueError`` and ``pytest.raises(RuntimeError)`` keep working. The server answers
 these with a 4xx status; any other exception is treated as its own fault (5xx).
+:class:`AdapterCapacityError` is the one condition that is neither: the server answers it with a
+503 to retry later.
 """
 
 from __future__ import annotations
@@ -45,7 +47,17 @@ class PathForbiddenError(TwinkleError, PermissionError):
     """A path the caller named lies outside the directories it may use."""
 
 
+class AdapterCapacityError(RuntimeError):
+    """No slot for an adapter: every resident one is busy, or paging storage is full.
+
+    Not the caller's mistake: retry later (the server maps it to 503 ``paused_capacity``).
+    Raised by :mod:`twinkle.model.paging`; defined here so that it is matched by type without
+    importing torch.
+    """
+
+
 __all__ = [
+    "AdapterCapacityError",
     "ArgumentTypeError",
     "InvalidArgumentError",
     "NonFiniteUpdateError",

@@ -19,6 +19,7 @@ from twinkle_client.model._adapter_files import (
 from twinkle_client.model._hub_upload import DEFAULT_POLL_INTERVAL_S, RemoteUpload
 from twinkle_client.model.adam import AdamParams
 from twinkle_client.model.metrics import Metric
+from twinkle_client.tracking.history import TrainingHistory
 from twinkle_client.types import ForwardOutput, SavedCheckpoint, TrainConfigs
 
 if TYPE_CHECKING:
@@ -270,6 +271,14 @@ class MultiLoraTransformersModel:
         return Metric(
             result=self._call("calculate_metric", adapter_name, is_training=is_training)["result"]
         )
+
+    def get_training_history(
+        self, adapter_name: str | None = None, since_step: int | None = None
+    ) -> TrainingHistory:
+        """One point per optimizer step of the adapter's training run, as the server recorded
+        it (``TwinkleClient.get_training_history``); it outlives the adapter and this process."""
+        run_id = self._call("get_train_configs", adapter_name)["training_run_id"]
+        return self.client.get_training_history(run_id, since_step=since_step)
 
     # -------------------------------------------------------------- checkpoints
     def save(

@@ -18,6 +18,7 @@ from typing import Any
 from tqdm import tqdm
 
 from twinkle import get_logger
+from twinkle._demo_tenants import pretrain_dataloader, save_curves, sft_dataloader
 
 logger = get_logger("twinkle.demo")
 
@@ -162,12 +163,10 @@ def _sample(url: str, adapter_path: str) -> str:
 
 def run(steps: int, output_dir: Path) -> dict[str, list[float]]:
     """Serve, train both tenants concurrently, sample, shut down; returns the loss histories."""
-    from twinkle.demo import _pretrain_dataloader, _save_curves, _sft_dataloader
-
     output_dir.mkdir(parents=True, exist_ok=True)
     loaders = {
-        "tenant_a": _sft_dataloader(MODEL_ID, 4),
-        "tenant_b": _pretrain_dataloader(MODEL_ID, 4),
+        "tenant_a": sft_dataloader(MODEL_ID, 4),
+        "tenant_b": pretrain_dataloader(MODEL_ID, 4),
     }
     started = time.perf_counter()
     logger.info("starting the tiny Twinkle server on Ray Serve ...")
@@ -194,7 +193,7 @@ def run(steps: int, output_dir: Path) -> dict[str, list[float]]:
     finally:
         logger.info("shutting the server down")
         _stop()
-    picture = _save_curves(history, output_dir / "loss_curves.png")
+    picture = save_curves(history, output_dir / "loss_curves.png")
     if picture:
         logger.info("loss curves: %s", picture)
     logger.info("done in %.1f s", time.perf_counter() - started)

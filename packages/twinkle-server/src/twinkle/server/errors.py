@@ -16,7 +16,13 @@ from collections.abc import Mapping
 from pydantic import ValidationError
 
 from twinkle._logging import get_logger
-from twinkle.errors import PathForbiddenError, PathNotFoundError, TwinkleError, UnknownAdapterError
+from twinkle.errors import (
+    AdapterCapacityError,
+    PathForbiddenError,
+    PathNotFoundError,
+    TwinkleError,
+    UnknownAdapterError,
+)
 from twinkle.server.request_ids import current_request_id, new_request_id
 
 logger = get_logger(__name__)
@@ -206,7 +212,7 @@ def _service_error(exc: BaseException, request_id: str | None) -> ServiceError:
     user = _user_error(exc)
     if user is not None:
         return user
-    if any(c.__name__ == "AdapterCapacityError" for c in type(exc).__mro__):
+    if isinstance(exc, AdapterCapacityError):
         # twinkle.model.paging: every resident adapter busy, or paging storage full.
         text = str(exc) if RETRY_LATER in str(exc) else f"{exc}; {RETRY_LATER}"
         return AtCapacity(text, retry_after=ADAPTER_CAPACITY_RETRY_S)

@@ -1,7 +1,9 @@
 """Publishing a tenant's checkpoint to the ModelScope hub: which token, which repository.
 
 Both the Twinkle-native ``upload_to_hub`` operation and Tinker's ``publish`` route come here; the
-upload itself is :func:`twinkle.hub.upload.upload_to_hub`.
+upload itself is :func:`twinkle.hub.upload.upload_to_hub`. A merged model
+(:mod:`twinkle.server.export`) goes to the Hugging Face Hub through :func:`upload_folder_to_hf`,
+with the caller's own Hugging Face token only.
 
 The token rule (``hub.caller_key`` in the server config):
 
@@ -240,4 +242,121 @@ def _log_outcome(hub_model_id: str, future: Any) -> None:
         logger.error("upload to the hub failed: %s: %s", hub_model_id, error)
 
 
-__all__ = ["HubPublisher", "HubToken"]
+#: The variable naming the Hugging Face Hub's address (huggingface_hub's own), read per upload.
+HF_ENDPOINT_ENV = "HF_ENDPOINT"
+HF_DEFAULT_ENDPOINT = "https://huggingface.co"
+
+
+def hf_endpoint(endpoint: str | None = None) -> str:
+    """The Hugging Face Hub's address: ``endpoint``, else ``$HF_ENDPOINT`` as set now, else
+    huggingface.co (huggingface_hub reads its variable once, at import)."""
+    return (endpoint or os.environ.get(HF_ENDPOINT_ENV) or HF_DEFAULT_ENDPOINT).rstrip("/")
+
+
+def check_hf_token(token: str | None, endpoint: str | None = None) -> str:
+    """The Hugging Face user owning ``token``; asked before an upload starts, so that a missing
+    or refused token, or a hub that cannot be reached, is a 400 at once.
+
+    The token is the caller's own, passed for this one upload: it is never stored or logged, and
+    the server's own Hugging Face login (if any) is never used.
+
+    Raises:
+        BadRequest: No token, a token the hub refuses, or a hub that cannot be reached.
+    """
+    if not isinstance(token, str) or not token.strip():
+        raise BadRequest("token: a Hugging Face access token (with write access) is required")
+    address = hf_endpoint(endpoint)
+    _check_hf_reachable(address)
+    from huggingface_hub import HfApi
+
+    with _hf_errors(address):
+        info = HfApi(endpoint=address).whoami(token=token.strip(), cache=False)
+    return str(info.get("name") or "")
+
+
+def upload_folder_to_hf(
+    directory: str | Path,
+    repo_id: str,
+    token: str,
+    *,
+    endpoint: str | None = None,
+    private: bool = True,
+    commit_message: str | None = None,
+) -> dict[str, Any]:
+    """Create ``repo_id`` (a model repository) if it is missing and upload every file of
+    ``directory`` to it in one commit, through ``huggingface_hub``'s own client.
+
+    Returns:
+        ``hub`` (``"hf"``), ``hub_model_id``, ``files`` (uploaded, by name), ``url`` and
+        ``commit``.
+
+    Raises:
+        BadRequest: The hub refused the token or the write, or cannot be reached.
+    """
+    from huggingface_hub import HfApi
+
+    address = hf_endpoint(endpoint)
+    api = HfApi(endpoint=address, token=token.strip())
+    files = sorted(p.name for p in Path(directory).iterdir() if p.is_file())
+    with _hf_errors(address):
+        api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+        commit = api.upload_folder(
+            repo_id=repo_id,
+            repo_type="model",
+            folder_path=str(directory),
+            commit_message=commit_message or f"Upload {repo_id} from Twinkle",
+        )
+    return {
+        "hub": "hf",
+        "hub_model_id": repo_id,
+        "files": files,
+        "url": f"{address}/{repo_id}",
+        "commit": commit.oid,
+    }
+
+
+def _check_hf_reachable(address: str, deadline_s: float = REACH_DEADLINE_S) -> None:
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(address)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname or "", port), timeout=deadline_s):
+            pass
+    except OSError as exc:
+        raise BadRequest(
+            f"cannot reach the Hugging Face hub at {address} ({exc}); check the network or "
+            f"${HF_ENDPOINT_ENV}"
+        ) from None
+
+
+@contextlib.contextmanager
+def _hf_errors(address: str) -> Iterator[None]:
+    """huggingface_hub's and httpx's failures as a 400 naming the hub (a retry meets the same
+    hub); a refused token says so."""
+    import httpx
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        yield
+    except HfHubHTTPError as exc:
+        status = getattr(exc.response, "status_code", None)
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if status in (401, 403):
+            raise BadRequest(
+                f"the Hugging Face hub at {address} refused the token ({status}: {reason}); "
+                "give a token with write access to the repository"
+            ) from None
+        raise BadRequest(f"the Hugging Face hub at {address} failed ({reason})") from None
+    except (OSError, httpx.TransportError) as exc:  # the connection, not an answer
+        raise BadRequest(f"cannot reach the Hugging Face hub at {address} ({exc})") from None
+
+
+__all__ = [
+    "HubPublisher",
+    "HubToken",
+    "check_hf_token",
+    "hf_endpoint",
+    "upload_folder_to_hf",
+]

@@ -83,7 +83,7 @@ def build_local_server(config: ServerConfig, store: Any = None) -> LocalServer:
             backends.samplers[base_model_name(args.model_id)] = TracedClient(
                 LocalClient(TracedService(service, "Sampler"))
             )
-            backends.sample_limits[base_model_name(args.model_id)] = SampleLimits.of(args)
+            backends.sample_limits[base_model_name(args.model_id)] = SampleLimits.of(args, config)
             mounts.append(
                 (
                     app_config.route_prefix,

@@ -204,6 +204,25 @@ def gateway_bodies(components: dict[str, Any]) -> dict[tuple[str, str], dict]:
             )
         ),
         ("post", "/weights_info"): json_body(_obj({"tinker_path": _STR}, ("tinker_path",))),
+        ("post", "/merged_exports"): json_body(
+            _obj(
+                {"twinkle_path": _STR, "max_shard_size": {"anyOf": [_INT, _STR]}}, ("twinkle_path",)
+            )
+        ),
+        ("post", "/merged_exports/publish"): json_body(
+            _obj(
+                {
+                    "twinkle_path": _STR,
+                    "max_shard_size": {"anyOf": [_INT, _STR]},
+                    "repo_id": _STR,
+                    "hub": {"type": "string", "enum": ["hf", "ms"]},
+                    "token": _STR,
+                    "private": {"type": "boolean"},
+                    "commit_message": _STR,
+                },
+                ("twinkle_path", "repo_id"),
+            )
+        ),
         ("post", "/forward_backward"): PROTOBUF_BODY,
     }
     try:

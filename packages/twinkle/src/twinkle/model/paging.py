@@ -31,18 +31,11 @@ from typing import Any, Literal
 
 import torch
 
-from twinkle.errors import InvalidArgumentError
+from twinkle.errors import AdapterCapacityError, InvalidArgumentError
 from twinkle.model.flat import FlatAdapter
 from twinkle.model.tenant import Tenant
 
 PagingMode = Literal["host", "storage"]
-
-
-class AdapterCapacityError(RuntimeError):
-    """No slot for an adapter: every resident one is busy, or paging storage is full.
-
-    Not the caller's mistake: retry later (the server maps it to 503 ``paused_capacity``).
-    """
 
 
 @dataclass

@@ -7,6 +7,7 @@ from typing import Any
 
 from twinkle.model.lora.spec import AdapterSpec
 from twinkle.model.metrics import AttachedMetrics, MetricAccumulator
+from twinkle_client.tracking.history import TrainingHistoryRecorder
 from twinkle_client.types import TrainConfigs  # one type: what the client gets, locally too
 
 
@@ -38,6 +39,8 @@ class Tenant:
     train_metrics: MetricAccumulator = field(default_factory=MetricAccumulator)
     eval_metrics: MetricAccumulator = field(default_factory=MetricAccumulator)
     attached_metrics: AttachedMetrics = field(default_factory=AttachedMetrics)
+    # One point per optimizer step (get_training_history), bounded like the server's record.
+    history: TrainingHistoryRecorder = field(default_factory=TrainingHistoryRecorder)
 
     def lr(self) -> float | None:
         if self.optimizer is None:

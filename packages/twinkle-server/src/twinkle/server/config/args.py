@@ -30,8 +30,12 @@ def base_model_name(model_id: str) -> str:
 class ExecutionConfig(StrictModel):
     """The ``execution:`` block of a model or sampler: ``twinkle.model.ExecutionOptions``.
 
-    Every field left out keeps the library default (or the environment's, read once when the
-    replica builds its model). None of them changes results beyond summation order.
+    The dataclass declares the options (their meaning is documented there); this block has the
+    same fields in the same order, each optional, with the YAML's bounds.
+    ``tests/packaging/test_execution_options.py`` fails when the two lists (or the table of
+    docs/server_config.md) disagree. Every field left out keeps the library default (or the
+    environment's, read once when the replica builds its model). None of them changes results
+    beyond summation order.
     """
 
     lora_kernel: Literal["auto", "torch", "triton"] | None = None

@@ -10,11 +10,14 @@ from fastapi import FastAPI
 
 from twinkle.model.checkpoint import sweep_partial_saves
 from twinkle.server.context import ServerContext
+from twinkle.server.export import create_export_router
 from twinkle.server.gateway.backends import Backends, unload_session_adapters
+from twinkle.server.gateway.openai_api import create_openai_router
 from twinkle.server.gateway.routes_common import create_common_router, delete_in_order
 from twinkle.server.gateway.routes_live_adapter import create_live_adapter_router
 from twinkle.server.openapi_bodies import document_bodies, gateway_bodies
 from twinkle.server.threads import off_loop
+from twinkle.server.tinker.routes import create_tinker_router
 from twinkle.server.web import install_error_handlers
 
 logger = logging.getLogger("twinkle.server.gateway")
@@ -29,12 +32,9 @@ def create_gateway_app(ctx: ServerContext, backends: Backends) -> FastAPI:
     document_bodies(app, gateway_bodies)
     app.include_router(create_common_router(ctx, backends))
     app.include_router(create_live_adapter_router(ctx, backends))
-    try:
-        from twinkle.server.tinker.routes import create_tinker_router
-    except ImportError:
-        pass
-    else:
-        app.include_router(create_tinker_router(ctx, backends))
+    app.include_router(create_export_router(ctx))
+    app.include_router(create_openai_router(ctx, backends))
+    app.include_router(create_tinker_router(ctx, backends))
     app.state.twinkle = ctx
     return app
 

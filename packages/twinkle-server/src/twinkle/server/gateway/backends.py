@@ -6,9 +6,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from twinkle.server.errors import InternalError, NotFound
+from twinkle.server.errors import InternalError, NotFound, from_exception
 from twinkle.server.request_ids import current_request_id, new_request_id
-from twinkle.server.sampler.service import SampleLimits
+from twinkle.server.sampler.protocol import SampleLimits
 
 logger = logging.getLogger("twinkle.server.gateway")
 
@@ -51,8 +51,6 @@ class HandleClient:
         return await self._remote("unload_session", session_id)
 
     async def _remote(self, method: str, *args: Any) -> Any:
-        from twinkle.server.errors import from_exception
-
         try:
             return await getattr(self._get_handle(), method).remote(*args)
         except Exception as exc:

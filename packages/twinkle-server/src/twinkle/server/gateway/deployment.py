@@ -16,7 +16,7 @@ from twinkle.server.config import (
 from twinkle.server.context import build_context
 from twinkle.server.gateway.app import create_gateway_app, housekeeping_forever
 from twinkle.server.gateway.backends import Backends, HandleClient
-from twinkle.server.sampler.service import SampleLimits
+from twinkle.server.sampler.protocol import SampleLimits
 from twinkle.server.telemetry import TracedClient, publish_resource_gauges, setup_telemetry
 from twinkle.server.web import StartOnFirstRequest
 
@@ -37,7 +37,7 @@ def handle_backends(config: ServerConfig) -> Backends:
             backends.samplers[name] = TracedClient(
                 HandleClient(DEPLOYMENT_NAMES["sampler"], app.name)
             )
-            backends.sample_limits[name] = SampleLimits.of(app.args)
+            backends.sample_limits[name] = SampleLimits.of(app.args, config)
     return backends
 
 

@@ -16,6 +16,7 @@ from twinkle.server.errors import BadRequest, Gone, NotFound
 from twinkle.server.gateway.backends import Backends, unload_session_adapters
 from twinkle.server.gateway.route_table import route_table
 from twinkle.server.model.registry import delete_checkpoint as forget_checkpoint
+from twinkle.server.state._history import history_reply
 from twinkle.server.state.paths import validate_ttl
 from twinkle.server.web import read_json
 
@@ -206,6 +207,13 @@ def create_common_router(ctx: ServerContext, backends: Backends) -> APIRouter:
                 if not c.ephemeral
             ]
         }
+
+    @router.get("/training_runs/{run_id}/history")
+    async def training_history(
+        run_id: str, request: Request, since_step: int | None = Query(None, ge=0)
+    ) -> dict:
+        """The run's per-step figures (``TrainingHistory``), after ``since_step`` if given."""
+        return history_reply(state, ctx.authenticate(request.headers), run_id, since_step)
 
     @router.delete("/training_runs/{run_id}/checkpoints/{kind}/{name}")
     async def delete_checkpoint(run_id: str, kind: str, name: str, request: Request) -> dict:

@@ -20,6 +20,7 @@ from fastapi import APIRouter, Request
 from twinkle.server.context import ServerContext
 from twinkle.server.errors import BadRequest
 from twinkle.server.gateway.backends import Backends
+from twinkle.server.sampler.protocol import INFLIGHT_SCHEME
 from twinkle.server.web import read_json
 
 _FIELDS = {"base_model", "adapter_name", "encoding"}
@@ -31,7 +32,7 @@ async def publish_live_adapter(
 ) -> dict[str, Any]:
     """Copy ``owner``'s adapter from the model to the sampler of ``base_model``."""
     model, sampler = backends.model(base_model), backends.sampler(base_model)
-    uri = f"inflight://{adapter_name}"
+    uri = f"{INFLIGHT_SCHEME}{adapter_name}"
     if encoding == "tensors":
         state = await model.call(owner, "adapter_tensors", {"adapter_name": adapter_name})
         payload = {"config": state["config"], "tensors": state["tensors"]}

@@ -21,13 +21,12 @@ from twinkle.errors import InvalidArgumentError
 from twinkle.model.checkpoint import ADAPTER_CONFIG, ADAPTER_WEIGHTS, atomic_directory
 from twinkle.server.errors import BadRequest
 from twinkle.server.model import protocol as p
+from twinkle.server.model.host import ModelHost
 from twinkle.server.model.protocol import Call
 from twinkle.server.state import validate_checkpoint_name
 
 if TYPE_CHECKING:
     import torch
-
-    from twinkle.server.model.service import ModelService
 
 UPLOAD_FILES = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
 """The only files an upload may carry."""
@@ -35,7 +34,7 @@ UPLOAD_FILES = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
 _PEFT_PREFIX = "base_model.model."
 
 
-def upload_adapter(service: ModelService, call: Call, request: p.UploadAdapter) -> dict[str, str]:
+def upload_adapter(service: ModelHost, call: Call, request: p.UploadAdapter) -> dict[str, str]:
     """Validate the uploaded adapter files, load them into the caller's adapter and store them as
     its checkpoint ``twinkle://<run>/weights/<name>``."""
     entry = service.entry(call)
@@ -100,7 +99,7 @@ def _tail(name: Any) -> str:
     return str(name).split("://")[-1].rstrip("/").rsplit("/", 1)[-1].lower()
 
 
-def _check_base_model(config: dict[str, Any], service: ModelService) -> None:
+def _check_base_model(config: dict[str, Any], service: ModelHost) -> None:
     """``base_model_name_or_path`` (when set) names this base model: a hub id or a local
     directory whose last component is the served model's (``Qwen/Qwen3.5-4B``,
     ``/models/Qwen3.5-4B``). The tensor shapes are the real check; this one catches an adapter of

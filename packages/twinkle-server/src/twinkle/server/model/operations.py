@@ -12,7 +12,7 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from pydantic import Field, field_validator
@@ -24,13 +24,11 @@ from twinkle.server.errors import BadRequest, NotFound
 from twinkle.server.images import check_request_images
 from twinkle.server.model import protocol as p
 from twinkle.server.model.adapter_upload import upload_adapter
+from twinkle.server.model.host import ModelHost
 from twinkle.server.model.protocol import Call, Operation, OperationTable
 from twinkle.server.state import validate_checkpoint_name
 from twinkle.server.state.records import EPHEMERAL_PREFIX, RESERVED_NAME
 from twinkle_client.processor.base import CONVERSATION_KEYS
-
-if TYPE_CHECKING:
-    from twinkle.server.model.service import ModelService
 
 logger = logging.getLogger("twinkle.server.model")
 
@@ -113,7 +111,7 @@ def training_kwargs(request: p.Training) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- handlers
-def add_adapter_to_model(service: ModelService, call: Call, request: p.AddAdapter):
+def add_adapter_to_model(service: ModelHost, call: Call, request: p.AddAdapter):
     """A new adapter and its training run; a Tinker run (``training_run_id``) keeps that exact
     run id, may carry an init ``seed`` in its config and trains with AdamW (``optim_step``)."""
     config = dict(request.config)
@@ -146,7 +144,7 @@ def add_adapter_to_model(service: ModelService, call: Call, request: p.AddAdapte
     return {"adapter_name": call.name, "training_run_id": run_id}
 
 
-def remove_adapter(service: ModelService, call: Call, request: p.Empty):
+def remove_adapter(service: ModelHost, call: Call, request: p.Empty):
     entry = service.entry(call)
     service.model.remove_adapter(adapter_name=call.internal)
     service.adapter_removed(call, entry)
@@ -154,7 +152,7 @@ def remove_adapter(service: ModelService, call: Call, request: p.Empty):
 
 
 def _setter(method: str, field: str) -> Callable:
-    def handler(service: ModelService, call: Call, request: p.OpenRequest):
+    def handler(service: ModelHost, call: Call, request: p.OpenRequest):
         kwargs = request.kwargs()
         getattr(service.model, method)(kwargs.pop(field), adapter_name=call.internal, **kwargs)
         return {"ok": True}
@@ -163,7 +161,7 @@ def _setter(method: str, field: str) -> Callable:
 
 
 def _training(method: str) -> Callable:
-    def handler(service: ModelService, call: Call, request: p.Training):
+    def handler(service: ModelHost, call: Call, request: p.Training):
         kwargs = training_kwargs(request)
         return jsonable(getattr(service.model, method)(adapter_name=call.internal, **kwargs))
 
@@ -173,7 +171,7 @@ def _training(method: str) -> Callable:
 def _method(method: str) -> Callable:
     """A backend method called with the request's fields as keyword arguments."""
 
-    def handler(service: ModelService, call: Call, request: p.Request):
+    def handler(service: ModelHost, call: Call, request: p.Request):
         return jsonable(
             getattr(service.model, method)(adapter_name=call.internal, **request.kwargs())
         )
@@ -181,14 +179,14 @@ def _method(method: str) -> Callable:
     return handler
 
 
-def calculate_metric(service: ModelService, call: Call, request: p.CalculateMetric):
+def calculate_metric(service: ModelHost, call: Call, request: p.CalculateMetric):
     metric = service.model.calculate_metric(
         is_training=request.is_training, adapter_name=call.internal
     )
     return {"result": jsonable(metric.result)}
 
 
-def get_train_configs(service: ModelService, call: Call, request: p.Empty):
+def get_train_configs(service: ModelHost, call: Call, request: p.Empty):
     entry = service.entry(call)
     configs = jsonable(service.model.get_train_configs(adapter_name=call.internal))
     configs["adapter_name"], configs["model_id"] = entry.name, service.base_model
@@ -215,15 +213,15 @@ class RouteSave(p.Save):
     ttl_seconds: float | None = Field(None, gt=0)
 
 
-def save(service: ModelService, call: Call, request: TenantSave):
+def save(service: ModelHost, call: Call, request: TenantSave):
     return _save(service, call, request)
 
 
-def save_checkpoint(service: ModelService, call: Call, request: RouteSave):
+def save_checkpoint(service: ModelHost, call: Call, request: RouteSave):
     return _save(service, call, request, request.ttl_seconds)
 
 
-def _save(service: ModelService, call: Call, request: p.Save, ttl_s: float | None = None):
+def _save(service: ModelHost, call: Call, request: p.Save, ttl_s: float | None = None):
     entry = service.entry(call)
     name = validate_checkpoint_name(request.name)
     kind = "sampler_weights" if request.for_sampler else "weights"
@@ -246,7 +244,7 @@ class DeleteCheckpoint(p.Request):
     only_expired: bool = False
 
 
-def delete_checkpoint(service: ModelService, call: Call, request: DeleteCheckpoint):
+def delete_checkpoint(service: ModelHost, call: Call, request: DeleteCheckpoint):
     """Delete one of the caller's checkpoints (record and files) in the queue of the adapter
     that saves it: after every save of it queued before, before every one queued after, so a
     save and a delete of one name never interleave. With ``only_expired`` (the sweeper), only
@@ -257,7 +255,7 @@ def delete_checkpoint(service: ModelService, call: Call, request: DeleteCheckpoi
     return {"deleted": path}
 
 
-def load(service: ModelService, call: Call, request: p.FromCheckpoint):
+def load(service: ModelHost, call: Call, request: p.FromCheckpoint):
     """Weights only; with ``load_optimizer``, the whole training state (``resume``'s work)."""
     directory = str(service.registry.resolve_checkpoint(call.owner, request.target))
     if request.resume_only_model:
@@ -269,7 +267,7 @@ def load(service: ModelService, call: Call, request: p.FromCheckpoint):
     return {"ok": True}
 
 
-def resume_from_checkpoint(service: ModelService, call: Call, request: p.FromCheckpoint):
+def resume_from_checkpoint(service: ModelHost, call: Call, request: p.FromCheckpoint):
     """Everything back; with ``resume_only_model``, the weights and the stored progress only."""
     directory = str(service.registry.resolve_checkpoint(call.owner, request.target))
     if not request.resume_only_model:
@@ -292,7 +290,7 @@ def stored_progress(directory: str) -> dict[str, Any]:
     return {key: saved[key] for key in PROGRESS_KEYS if key in saved}
 
 
-def get_state_dict(service: ModelService, call: Call, request: p.Empty):
+def get_state_dict(service: ModelHost, call: Call, request: p.Empty):
     """The adapter's weights as ``{key: {"shape": [...], "data": [flat float32 values]}}``."""
     method = getattr(service.model, "get_state_dict", None)
     if method is None:
@@ -308,7 +306,7 @@ def get_state_dict(service: ModelService, call: Call, request: p.Empty):
     return wire
 
 
-def add_metric(service: ModelService, call: Call, request: p.AddMetric):
+def add_metric(service: ModelHost, call: Call, request: p.AddMetric):
     method = getattr(service.model, "add_metric", None)
     if method is None:
         raise BadRequest(f"this server's {type(service.model).__name__} backend has no add_metric")
@@ -317,7 +315,7 @@ def add_metric(service: ModelService, call: Call, request: p.AddMetric):
     return {"ok": True}
 
 
-def upload_to_hub(service: ModelService, call: Call, request: p.UploadToHub):
+def upload_to_hub(service: ModelHost, call: Call, request: p.UploadToHub):
     """Start uploading one of the caller's own checkpoints (never a published one of another
     tenant) to the hub in the background; returns the upload's status (``upload_status``).
 
@@ -350,7 +348,7 @@ def upload_to_hub(service: ModelService, call: Call, request: p.UploadToHub):
     return service.uploads.start(call.owner, request.hub_model_id, future, token=token.source)
 
 
-def upload_status(service: ModelService, call: Call, request: p.UploadStatus):
+def upload_status(service: ModelHost, call: Call, request: p.UploadStatus):
     status = service.uploads.status(call.owner, request.upload_id)
     if status is None:
         raise NotFound(f"no upload {request.upload_id!r} of this API key on this model server")
@@ -371,7 +369,7 @@ def _log_upload(hub_model_id: str, future: Any) -> None:
         logger.warning("upload to the hub failed: %s: %s", hub_model_id, error)
 
 
-def capacity_info(service: ModelService, call: Call, request: p.Empty):
+def capacity_info(service: ModelHost, call: Call, request: p.Empty):
     """Adapter slots of this model: ``max_loras`` on the device, ``used_loras`` taken."""
     used = len(service.adapters)
     return {
@@ -381,7 +379,7 @@ def capacity_info(service: ModelService, call: Call, request: p.Empty):
     }
 
 
-def optim_step(service: ModelService, call: Call, request: p.OptimStep):
+def optim_step(service: ModelHost, call: Call, request: p.OptimStep):
     """The backend's Tinker-style ``optim_step`` with this call's Adam parameters."""
     try:
         params = AdamParams.coerce(request.adam_params)
@@ -390,7 +388,7 @@ def optim_step(service: ModelService, call: Call, request: p.OptimStep):
     return jsonable(service.model.optim_step(params, adapter_name=call.internal))
 
 
-def clip_grad_and_step_many(service: ModelService, calls: list[Call], requests: list) -> dict:
+def clip_grad_and_step_many(service: ModelHost, calls: list[Call], requests: list) -> dict:
     """Several tenants' ``clip_grad_and_step`` as one batched step (same ``max_grad_norm``)."""
     norms = {r.max_grad_norm for r in requests}
     if len(norms) != 1:

@@ -14,6 +14,7 @@ from typing import Any
 
 from twinkle.hub.upload import UploadTracker
 from twinkle.model.protocol import capabilities_of
+from twinkle.parallel.errors import WorkerLostError
 from twinkle.server.encoding import jsonable
 from twinkle.server.errors import (
     AtCapacity,
@@ -36,6 +37,7 @@ from twinkle.server.model.ratelimit import RateLimiter
 from twinkle.server.model.registry import RunRegistry
 from twinkle.server.model.scheduler import FUSABLE, FairScheduler, Task
 from twinkle.server.request_ids import new_request_id
+from twinkle.server.state._history import RunHistory
 from twinkle.server.state.paths import validate_id
 
 logger = logging.getLogger("twinkle.server.model")
@@ -69,6 +71,7 @@ class AdapterEntry:
     first_trained_at: float | None = None
     # The LoraConfig fields it was created with (an uploaded adapter is checked against them).
     lora_config: dict[str, Any] = field(default_factory=dict)
+    history: Any = None  # figures since its last optimizer step (state/_history.py)
 
 
 class ModelService:
@@ -151,6 +154,8 @@ class ModelService:
             adapter_paging != "off" and type(model).__name__ == "MultiLoraTransformersModel"
         )
         self.max_paged_adapters = max_paged_adapters if self.paging else 0
+        # Each run's per-step figures, kept with the run in the state store.
+        self.history = RunHistory(getattr(registry, "state", None), model, clock)
         self.scheduler = FairScheduler(
             self._run_single,
             self._run_fused,
@@ -399,6 +404,7 @@ class ModelService:
         loss = result.get("loss") if isinstance(result, dict) else None
         if job.operation.trains and isinstance(loss, (int, float)):
             entry.last_loss, entry.losses = float(loss), entry.losses + 1
+        self.history.note(entry, job.operation, result)
 
     def _recover_workers(self, exc: Exception) -> None:
         """A data-parallel worker died (``WorkerLostError``): restart the worker group, and drop
@@ -498,8 +504,8 @@ class ModelService:
 
 
 def _worker_lost(exc: BaseException) -> bool:
-    """``twinkle.parallel.WorkerLostError`` (by name: the service does not import Ray code)."""
-    return any(c.__name__ == "WorkerLostError" for c in type(exc).__mro__)
+    """A data-parallel worker died (the library's ``WorkerLostError``, torch- and Ray-free)."""
+    return isinstance(exc, WorkerLostError)
 
 
 __all__ = ["AdapterEntry", "FUSABLE", "Job", "ModelService"]

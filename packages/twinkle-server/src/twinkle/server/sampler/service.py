@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from twinkle.sampler.base import check_prompt_lengths
@@ -13,6 +12,12 @@ from twinkle.server.encoding import jsonable
 from twinkle.server.errors import BadRequest, NotFound, from_exception
 from twinkle.server.images import check_request_images
 from twinkle.server.model.ratelimit import RateLimiter
+from twinkle.server.sampler.protocol import (
+    INFLIGHT_SCHEME,
+    SampleLimits,
+    decode_adapter_state,
+    sampler_key,
+)
 from twinkle_client.sampler.types import SamplingParams
 
 MAX_LIVE_ADAPTERS_PER_KEY = 8
@@ -20,43 +25,6 @@ MAX_LIVE_ADAPTERS_PER_KEY = 8
 
 MAX_DECLARED_ADAPTERS_PER_KEY = 64
 """Names one key may declare with ``add_adapter_to_sampler``; a 65th drops its oldest."""
-
-
-@dataclass(frozen=True)
-class SampleLimits:
-    """What one sampling request may ask of a sampler (its ``max_num_samples`` and
-    ``max_sample_tokens`` config): checked before the request is queued.
-
-    ``max_length`` bounds prompt plus ``max_tokens`` (``twinkle.sampler.base.check_prompt_lengths``):
-    the sampler's own ``max_length``, else that of the config's model application serving the
-    same base model, so that a model trained with a limit samples with it too.
-    """
-
-    max_num_samples: int = 128
-    max_sample_tokens: int = 32768
-    max_length: int | None = None
-
-    @classmethod
-    def of(cls, args: Any, config: Any = None) -> SampleLimits:
-        """The limits of a sampler application's ``args``; ``config`` (the whole server
-        config) supplies the model application's ``max_length`` when the sampler sets none."""
-        return cls(args.max_num_samples, args.max_sample_tokens, _max_length(args, config))
-
-
-def _max_length(args: Any, config: Any) -> int | None:
-    if args.max_length is not None or config is None:
-        return args.max_length
-    from twinkle.server.config import ModelArgs, base_model_name
-
-    base = base_model_name(args.model_id)
-    return next(
-        (
-            app.args.max_length
-            for app in config.applications
-            if isinstance(app.args, ModelArgs) and base_model_name(app.args.model_id) == base
-        ),
-        None,
-    )
 
 
 def sequence_to_wire(seq: Any) -> dict[str, Any]:
@@ -228,8 +196,6 @@ class SamplerService:
     def _declare_adapter(self, owner: str, payload: dict[str, Any]) -> dict[str, Any]:
         """``add_adapter_to_sampler``: name an adapter of ``owner`` before its weights arrive;
         answers the ``inflight://`` uri that samples with it."""
-        from twinkle.server.tinker.inflight import INFLIGHT_SCHEME
-
         name, config = payload.get("adapter_name"), payload.get("config")
         if not isinstance(name, str) or not name or "/" in name:
             raise BadRequest(
@@ -254,8 +220,6 @@ class SamplerService:
     async def _publish_adapter(self, owner: str, payload: dict[str, Any]) -> dict[str, Any]:
         """An ``inflight://<model_id>`` adapter of ``owner`` from memory (see
         :mod:`twinkle.server.tinker.inflight`); replaces what that key held."""
-        from twinkle.server.tinker.inflight import decode_adapter_state, sampler_key
-
         pool = getattr(self.sampler, "adapters", None)
         if pool is None or not hasattr(pool, "put_state"):
             raise BadRequest("this sampler cannot load adapters from memory (inflight sampling)")
@@ -287,8 +251,6 @@ class SamplerService:
         uris = adapter_uri if isinstance(adapter_uri, list) else [adapter_uri] * count
         if len(uris) != count:
             raise BadRequest(f"adapter_uri has {len(uris)} entries for {count} inputs")
-        from twinkle.server.tinker.inflight import INFLIGHT_SCHEME
-
         return [
             None
             if uri is None
@@ -302,8 +264,6 @@ class SamplerService:
         """The pool key of ``owner``'s live adapter ``uri``; ``None`` (the base model) for a
         name declared with ``add_adapter_to_sampler`` and not published yet; 404 when this key
         has neither under that name (another tenant's name is simply not there)."""
-        from twinkle.server.tinker.inflight import sampler_key
-
         key = sampler_key(owner, uri)
         pool = getattr(self.sampler, "adapters", None)
         published = pool is not None and hasattr(pool, "has_state") and pool.has_state(key)

@@ -12,6 +12,7 @@ from twinkle.server.state._activity import ActivityMixin
 from twinkle.server.state._base import StateLimits
 from twinkle.server.state._checkpoints import CheckpointsMixin
 from twinkle.server.state._futures import FUTURE, FuturesMixin
+from twinkle.server.state._history import HistoryMixin
 from twinkle.server.state._sessions import RUN, SAMPLING, SESSION, SessionsMixin
 from twinkle.server.state.records import (
     FutureRecord,
@@ -21,7 +22,7 @@ from twinkle.server.state.records import (
 )
 
 
-class ServerState(ActivityMixin, SessionsMixin, CheckpointsMixin, FuturesMixin):
+class ServerState(ActivityMixin, SessionsMixin, CheckpointsMixin, FuturesMixin, HistoryMixin):
     """All server records over one :class:`~twinkle.server.state.KVStore`.
 
     Args:

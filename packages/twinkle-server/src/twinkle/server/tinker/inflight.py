@@ -4,7 +4,8 @@ Design: an inflight save hands the sampler the tenant's adapter state **in memor
 deployment copies the live LoRA tensors out of the training model (``adapter_tensors``), the
 gateway passes them to the sampler deployment (``publish_adapter``, see
 :mod:`twinkle.server.gateway.routes_live_adapter`), which loads them into its
-adapter pool under the key ``inflight://<owner>/<model_id>`` and drops what that key held before.
+adapter pool under the key ``inflight://<owner>/<model_id>`` (the key scheme is the sampler's
+protocol, :mod:`twinkle.server.sampler.protocol`) and drops what that key held before.
 No checkpoint file is written and no checkpoint record is created.
 
 The SDK's contract (``tinker.types.SamplingClientKind``) holds: every inflight client of one model
@@ -18,13 +19,11 @@ sampler refuses. With several sampler replicas behind Ray Serve a publish reache
 
 from __future__ import annotations
 
-import base64
 import uuid
 from typing import Any
 
-from twinkle.server.errors import BadRequest
-
-INFLIGHT_SCHEME = "inflight://"
+from twinkle.server.gateway.routes_live_adapter import publish_live_adapter
+from twinkle.server.sampler.protocol import INFLIGHT_SCHEME, decode_adapter_state, sampler_key
 
 
 def inflight_uri(model_id: str) -> str:
@@ -32,34 +31,9 @@ def inflight_uri(model_id: str) -> str:
     return f"{INFLIGHT_SCHEME}{model_id}"
 
 
-def sampler_key(owner: str, uri: str) -> str:
-    """The sampler pool key of ``owner``'s inflight ``uri``: tenant-scoped, so one tenant's
-    session can never name another tenant's live adapter."""
-    if not str(uri).startswith(INFLIGHT_SCHEME):
-        raise BadRequest(f"not an inflight adapter uri: {uri!r}")
-    return f"{INFLIGHT_SCHEME}{owner}/{str(uri)[len(INFLIGHT_SCHEME) :]}"
-
-
-def decode_adapter_state(payload: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(PEFT config, tensors) of a ``publish_adapter`` payload; a malformed one is a 400."""
-    from safetensors.torch import load as load_tensors
-
-    config, weights = payload.get("config"), payload.get("weights_b64")
-    if not isinstance(config, dict):
-        raise BadRequest("publish_adapter: config must be an object (the adapter's PEFT config)")
-    if not isinstance(weights, str):
-        raise BadRequest("publish_adapter: weights_b64 must be a base64 safetensors file")
-    try:
-        return dict(config), load_tensors(base64.b64decode(weights, validate=True))
-    except Exception:  # noqa: BLE001 - binascii or safetensors errors: the client's bytes
-        raise BadRequest("publish_adapter: weights_b64 is not a base64 safetensors file") from None
-
-
 def inflight_save(api: Any, owner: str, body: dict, model_id: str, run: Any):
     """What an inflight ``save_weights_for_sampler`` runs in its turn (after every earlier
     training call of the model): publish the live adapter, then open a new sampling session."""
-    from twinkle.server.gateway.routes_live_adapter import publish_live_adapter
-
     for lookup in (api.backends.model, api.backends.sampler):
         lookup(run.base_model)  # an unknown base model is a 404 before the call is queued
     uri = inflight_uri(model_id)

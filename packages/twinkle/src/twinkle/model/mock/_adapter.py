@@ -11,6 +11,7 @@ import numpy as np
 from twinkle.errors import InvalidArgumentError
 from twinkle.model.lora_fields import check_init, check_lora_fields, config_values
 from twinkle.model.mock._optim import LRSchedule, NumpyOptimizer
+from twinkle_client.tracking.history import TrainingHistoryRecorder
 
 SUPPORTED_LOSSES = ("CrossEntropyLoss", "cross_entropy", "importance_sampling")
 
@@ -84,6 +85,7 @@ class AdapterState:
     pending_grads: bool = False
     train_totals: MetricTotals = field(default_factory=MetricTotals)
     eval_totals: MetricTotals = field(default_factory=MetricTotals)
+    history: TrainingHistoryRecorder = field(default_factory=TrainingHistoryRecorder)
 
     @classmethod
     def create(cls, name: str, config: Any, hidden_size: int, seed: int, accum: int):

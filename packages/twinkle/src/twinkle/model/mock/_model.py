@@ -22,6 +22,7 @@ from twinkle.model.mock._batch import Batch, flatten, per_row
 from twinkle.model.mock._optim import LRSchedule, NumpyOptimizer
 from twinkle.model.protocol import AdamParams, Capabilities
 from twinkle.model.protocol import adam_params as adam_params_of
+from twinkle_client.tracking.history import TrainingHistory
 from twinkle_client.types import ForwardOutput, TrainConfigs
 
 #: Inputs of the torch backends that the mock's losses never read: refused, not ignored.
@@ -123,7 +124,8 @@ class MockModel:
             **kwargs: ``advantages``, one float per row, for ``importance_sampling``.
 
         Returns:
-            ``{'loss': float, 'logprobs': [per-row arrays aligned with labels]}``.
+            ``{'loss': float, 'logprobs': [per-row arrays aligned with labels], 'num_tokens':
+            trained tokens}``.
         """
         state = self._resolve(adapter_name)
         _check_inputs(kwargs)
@@ -131,11 +133,14 @@ class MockModel:
             raise InvalidArgumentError(
                 "disable_lora applies to forward_only (a pass of the base model alone)"
             )
+        tokens_before = state.train_totals.tokens
         loss, logprobs, grads = self._run(state, inputs, kwargs.get("advantages"), with_grads=True)
         for key, grad in grads.items():
             state.grads[key] += grad
         state.pending_grads = True
-        return {"loss": loss, "logprobs": logprobs}
+        tokens = state.train_totals.tokens - tokens_before
+        state.history.forward_backward(loss, tokens)
+        return {"loss": loss, "logprobs": logprobs, "num_tokens": tokens}
 
     def forward_only(
         self,
@@ -183,11 +188,13 @@ class MockModel:
             state.micro_steps += 1
             return False
         grads = {k: g / state.gradient_accumulation_steps for k, g in state.grads.items()}
-        norm = _guarded_step(state, grads, max_grad_norm, state.current_lr())
+        lr = state.current_lr()
+        norm = _guarded_step(state, grads, max_grad_norm, lr)
         state.micro_steps += 1
         state.last_grad_norm = norm
         state.cur_step += 1
         state.zero_grad()
+        state.history.stepped(state.cur_step, lr, norm)
         return True
 
     def optim_step(
@@ -209,11 +216,19 @@ class MockModel:
         state.last_grad_norm = norm
         state.cur_step += 1
         state.zero_grad()
+        state.history.stepped(state.cur_step, params.learning_rate, norm)
         return {
             "grad_norm": norm,
             "learning_rate": params.learning_rate,
             "step": float(state.cur_step),
         }
+
+    def get_training_history(
+        self, adapter_name: str | None = None, since_step: int | None = None
+    ) -> TrainingHistory:
+        """One point per optimizer step, as the transformers backend records it."""
+        state = self._resolve(adapter_name)
+        return state.history.history(state.name, since_step)
 
     def calculate_metric(
         self, is_training: bool = True, adapter_name: str | None = None

@@ -53,6 +53,12 @@ def record_train_metrics(tenant: Tenant, state: ForwardState) -> None:
     tenant.consumed_train_samples += state.batch.num_samples
     record_metrics(tenant.train_metrics, state)
     record_attached_metrics(tenant, state, True)
+    out = state.loss_output
+    tenant.history.forward_backward(
+        float(out.loss.detach()),
+        int(state.batch.mask.sum()),
+        {k: float(v) for k, v in (out.metrics or {}).items()},
+    )
 
 
 def public_forward_output(state: ForwardState) -> dict[str, Any]:

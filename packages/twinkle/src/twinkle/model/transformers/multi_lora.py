@@ -32,7 +32,7 @@ from twinkle.model.metrics import Metric, record_attached_metrics
 from twinkle.model.optim import build_optimizer, build_scheduler, check_scheduler_name
 from twinkle.model.options import ExecutionOptions, resolve_options
 from twinkle.model.paging import AdapterPager
-from twinkle.model.protocol import Capabilities
+from twinkle.model.protocol import AdamParams, Capabilities
 from twinkle.model.step import (
     ForwardState,
     TenantBatch,
@@ -57,6 +57,7 @@ from twinkle.model.transformers._checkpoint_methods import CheckpointMethods
 from twinkle.model.transformers._optimizer_methods import OptimizerMethods
 from twinkle.model.transformers.lean import make_lean
 from twinkle.model.transformers.recompute import LayerRecompute, install_recompute
+from twinkle_client.tracking.history import TrainingHistory
 from twinkle_client.types import ForwardOutput
 
 
@@ -536,6 +537,44 @@ class MultiLoraTransformersModel(CheckpointMethods, OptimizerMethods):
         result.update(grad_norm=tenant.last_grad_norm, lr=tenant.lr(), step=tenant.cur_step)
         result.update(tenant.attached_metrics.report(is_training))
         return Metric(result=result)
+
+    # ----------------------------------------------------------------- history
+    def get_training_history(
+        self, adapter_name: str | None = None, since_step: int | None = None
+    ) -> TrainingHistory:
+        """One point per optimizer step of the tenant (loss, tokens, learning rate, gradient
+        norm, the loss's metrics, step time), after ``since_step`` if given; bounded and thinned
+        as :mod:`twinkle.tracking` says."""
+        tenant = self.tenant(adapter_name)
+        return tenant.history.history(tenant.name, since_step)
+
+    def step(self, adapter_name: str | None = None) -> None:
+        tenant = self.tenant(adapter_name)
+        lr = tenant.lr()
+        super().step(adapter_name=tenant.name)
+        tenant.history.stepped(tenant.cur_step, lr, tenant.last_grad_norm)
+
+    def clip_grad_and_step_many(
+        self, adapter_names: list[str], max_grad_norm: float = 1.0
+    ) -> dict[str, bool]:
+        lrs = {name: self.tenant(name).lr() for name in adapter_names}  # what this step uses
+        stepped = super().clip_grad_and_step_many(adapter_names, max_grad_norm)
+        for name in adapter_names:
+            if stepped[name]:
+                tenant = self.tenant(name)
+                lr = tenant.lr() if lrs[name] is None else lrs[name]
+                tenant.history.stepped(tenant.cur_step, lr, tenant.last_grad_norm)
+        return stepped
+
+    def optim_step(
+        self,
+        adam_params: AdamParams | dict[str, Any] | None = None,
+        adapter_name: str | None = None,
+    ) -> dict[str, float]:
+        tenant = self.tenant(adapter_name)
+        result = super().optim_step(adam_params, adapter_name=tenant.name)
+        tenant.history.stepped(tenant.cur_step, result["learning_rate"], result["grad_norm"])
+        return result
 
     def routes(self, routes: list[RowRoute]):
         """Context manager: route batch rows to adapters for direct ``self.model`` calls."""
