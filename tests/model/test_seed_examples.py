@@ -56,3 +56,9 @@ def test_readme_demo_runs_and_writes_checkpoints_and_curves(tmp_path):
         assert (tmp_path / tenant / "step-3" / "adapter_model.safetensors").is_file()
         assert (tmp_path / tenant / "step-3" / "optimizer.pt").is_file()
     assert (tmp_path / "loss_curves.png").stat().st_size > 1000
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    for tenant in ("tenant_a", "tenant_b"):  # the training history, read back by TensorBoard
+        board = EventAccumulator(str(tmp_path / "tensorboard" / tenant))
+        board.Reload()
+        assert [e.step for e in board.Scalars("loss")] == [1, 2, 3]

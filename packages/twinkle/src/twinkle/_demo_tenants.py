@@ -86,3 +86,19 @@ def save_curves(history: dict[str, list[float]], path: Path) -> Path | None:
 
 
 __all__ = ["pretrain_dataloader", "save_curves", "sft_dataloader"]
+
+
+def save_tensorboard(histories: dict, directory: Path) -> Path | None:
+    """Each tenant's training history (a ``TrainingHistory`` per name) as TensorBoard event
+    files under ``directory/<name>`` (``tensorboard --logdir directory``); ``None``, saying
+    why, without the ``tensorboard`` package (``pip install 'twinkle-client[tracking]'``)."""
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboard") is None:
+        logger.info("no TensorBoard directory: install twinkle-client[tracking] for one")
+        return None
+    from twinkle_client.tracking import export_history, make_tracker
+
+    for name, history in histories.items():
+        export_history(history, make_tracker("tensorboard", path=directory / name))
+    return directory

@@ -23,7 +23,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from twinkle import get_logger
-from twinkle._demo_tenants import pretrain_dataloader, save_curves, sft_dataloader
+from twinkle._demo_tenants import pretrain_dataloader, save_curves, save_tensorboard, sft_dataloader
 
 logger = get_logger("twinkle.demo")
 
@@ -100,6 +100,12 @@ def run(
     picture = save_curves(history, output_dir / "loss_curves.png")
     if picture:
         logger.info("loss curves: %s", picture)
+    board = save_tensorboard(
+        {name: model.get_training_history(adapter_name=name) for name in loaders},
+        output_dir / "tensorboard",
+    )
+    if board:
+        logger.info("training history for TensorBoard: tensorboard --logdir %s", board)
     logger.info("done in %.1f s", time.perf_counter() - started)
     return history
 

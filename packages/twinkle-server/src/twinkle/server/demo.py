@@ -18,7 +18,12 @@ from typing import Any
 from tqdm import tqdm
 
 from twinkle import get_logger
-from twinkle._demo_tenants import pretrain_dataloader, save_curves, sft_dataloader
+from twinkle._demo_tenants import (
+    pretrain_dataloader,
+    save_curves,
+    save_tensorboard,
+    sft_dataloader,
+)
 
 logger = get_logger("twinkle.demo")
 
@@ -134,6 +139,8 @@ def _tenant(
             history.append(out["loss"] / (tokens if name == "tenant_b" else 1))
             bar.set_postfix(loss=f"{history[-1]:.3f}")
         metric = model.calculate_metric(is_training=True).result
+        # The server keeps each step's figures with the run; they outlive this client.
+        paths[f"{name}:history"] = model.get_training_history()
         paths[name] = model.save(
             f"step-{steps}",
             save_optimizer=True,
@@ -185,7 +192,7 @@ def run(steps: int, output_dir: Path) -> dict[str, list[float]]:
             thread.start()
         for thread in threads:
             thread.join()
-        if set(paths) != set(loaders):
+        if not set(loaders) <= set(paths):
             raise RuntimeError("a tenant failed; see the error above")
         logger.info(
             "tenant_a's adapter answers 'Who are you?': %r", _sample(url, paths["tenant_a"])
@@ -196,5 +203,10 @@ def run(steps: int, output_dir: Path) -> dict[str, list[float]]:
     picture = save_curves(history, output_dir / "loss_curves.png")
     if picture:
         logger.info("loss curves: %s", picture)
+    board = save_tensorboard(
+        {name: paths[f"{name}:history"] for name in loaders}, output_dir / "tensorboard"
+    )
+    if board:
+        logger.info("training history for TensorBoard: tensorboard --logdir %s", board)
     logger.info("done in %.1f s", time.perf_counter() - started)
     return history
