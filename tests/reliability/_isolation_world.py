@@ -255,6 +255,8 @@ def snapshot(world: World) -> dict:
     are left out (his refused calls may add audit events or failed futures of his own)."""
     state = world.server.context.state
     state.flush_usage()  # buffered usage counts: written by any reader, the same values
+    writer = world.server.services["model"].history.writer
+    assert writer.flush()  # alice's training history, written in the background after her steps
     bob_lanes = (world.ids.get("bob_session") or BOB) + ":"
     store = {
         k: v

@@ -538,13 +538,16 @@ def test_launch_starts_ray_with_direct_ingress_as_the_host_allows(monkeypatch, h
         monkeypatch.delenv(name)
     started: list[str | None] = []
 
-    def fake_init_ray(namespace=None, direct_ingress=True):
+    def fake_init_ray(namespace=None, direct_ingress=True, address=None):
         # What the local Ray's processes would inherit.
         launch_module.use_local_ray_env(direct_ingress)
         started.append(os.environ.get("RAY_SERVE_ENABLE_DIRECT_INGRESS"))
+        return launch_module.OWN_RAY
 
     monkeypatch.setattr(launch_module, "init_ray", fake_init_ray)
-    monkeypatch.setattr(launch_module, "deploy", lambda config, timeout: "http://x/api/v1")
+    monkeypatch.setattr(
+        launch_module, "deploy", lambda config, timeout, replace=False: "http://x/api/v1"
+    )
     config = parse_config({**config_dict(backend="mock"), "http_options": {"host": host}})
     launch_module.launch(config, blocking=False)
     assert started == [expected]

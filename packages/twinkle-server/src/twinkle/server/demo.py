@@ -139,8 +139,14 @@ def _tenant(
             history.append(out["loss"] / (tokens if name == "tenant_b" else 1))
             bar.set_postfix(loss=f"{history[-1]:.3f}")
         metric = model.calculate_metric(is_training=True).result
-        # The server keeps each step's figures with the run; they outlive this client.
-        paths[f"{name}:history"] = model.get_training_history()
+        # The server keeps each step's figures with the run (they outlive this client), written
+        # to its state a moment after each step: wait for the last one.
+        record = model.get_training_history()
+        deadline = time.monotonic() + 10
+        while len(record.points) < steps and time.monotonic() < deadline:
+            time.sleep(0.2)
+            record = model.get_training_history()
+        paths[f"{name}:history"] = record
         paths[name] = model.save(
             f"step-{steps}",
             save_optimizer=True,
