@@ -189,6 +189,9 @@ def _model_state(model: Any) -> dict:
 def snapshot(w: World) -> dict:
     """State store keys and values, storage file bytes, and every adapter's tensors."""
     store = w.server.context.state.store
+    for service in w.server.services.values():  # training history written in the background
+        writer = getattr(getattr(service, "history", None), "writer", None)
+        assert writer is None or writer.flush()
     files = {
         str(p.relative_to(w.storage)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(w.storage.rglob("*"))
