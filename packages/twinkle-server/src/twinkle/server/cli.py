@@ -149,11 +149,11 @@ def _launch(config, args) -> int:
             print(f"  - {problem}", file=sys.stderr)
         return EXIT_INVALID
     if args.local:
-        from twinkle.server.local import LocalServeError, serve_local
+        from twinkle.server.local import serve_local
 
         try:
             serve_local(config)
-        except LocalServeError as error:
+        except LaunchError as error:
             print(f"error: {error}", file=sys.stderr)
             return EXIT_INVALID
         return EXIT_OK

@@ -24,7 +24,8 @@ from twinkle.server.config import (
 )
 from twinkle.server.context import ServerContext, build_context
 from twinkle.server.gateway.backends import Backends, LocalClient
-from twinkle.server.sampler.service import SampleLimits
+from twinkle.server.launch import LaunchError
+from twinkle.server.sampler.protocol import SampleLimits
 from twinkle.server.telemetry import (
     TracedClient,
     TracedService,
@@ -147,12 +148,8 @@ def serve_local(config: ServerConfig) -> None:
         sock.bind((host, port))
     except OSError as error:
         sock.close()
-        raise LocalServeError(f"cannot serve on {host}:{port}: {error.strerror}") from error
+        raise LaunchError(f"cannot serve on {host}:{port}: {error.strerror}") from error
     server = build_local_server(config)
     app = StartOnFirstRequest(server.app, start=lambda: maintain_forever(server, config))
     print(f"Twinkle server (local mode) on http://{host}:{port}/api/v1", flush=True)
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
-
-
-class LocalServeError(RuntimeError):
-    """``serve_local`` could not have its address."""
