@@ -20,16 +20,14 @@ import json
 import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "server"))
 
-from inprocess import client, local_server  # noqa: E402
+from twinkle.server.testing import client, local_server
 
 MODEL = "/api/v1/model/tiny/qwen3"
 

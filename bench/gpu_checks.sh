@@ -10,8 +10,8 @@
 # PYTHONPATH, plus the wheels in .whl/ (from bench/gpu_wheels.sh) installed into /tmp/site when
 # that folder exists. It writes to OUT_DIR:
 #   env.txt              GPU, driver, torch / triton / transformers / peft versions
-#   triton_tests.log     tests/kernels on the GPU: the Triton kernels against the torch reference;
-#                        tests/model/test_direct_grads.py: training steps on both kernels
+#   triton_tests.log     tests/twinkle/model/lora on the GPU: the Triton kernels against the torch reference;
+#                        tests/twinkle/model/test_direct_grads.py: training steps on both kernels
 #   lora_kernel.jsonl    multi-LoRA linear vs the frozen base linear, 4k tokens (target <= 1.15x)
 #   train_<model>.log    fused vs time-sliced vs limit at N=8, B in {1, 4}, one JSON line per
 #                        point: tiny://qwen3-0.5b (0.44 B parameters, built offline on first
@@ -64,8 +64,8 @@ if ! "$py" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
   exit 2
 fi
 
-step triton_tests 120 "$py" -m pytest -q -p no:cacheprovider tests/kernels \
-  tests/model/test_direct_grads.py >"$out/triton_tests.log" 2>&1
+step triton_tests 120 "$py" -m pytest -q -p no:cacheprovider tests/twinkle/model/lora \
+  tests/twinkle/model/test_direct_grads.py >"$out/triton_tests.log" 2>&1
 tail -3 "$out/triton_tests.log"
 
 step lora_kernel 90 "$py" bench/lora_kernel.py --iters 50 \

@@ -15,14 +15,11 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 import weakref
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 from peft import LoraConfig  # noqa: E402

@@ -26,12 +26,10 @@ import argparse
 import contextlib
 import json
 import os
-import sys
 import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
-from pathlib import Path
 
 for _key, _value in {
     "HF_HUB_OFFLINE": "1",
@@ -41,7 +39,6 @@ for _key, _value in {
     "RAY_USAGE_STATS_ENABLED": "0",
 }.items():
     os.environ.setdefault(_key, _value)
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "server"))
 
 import numpy as np  # noqa: E402
 
@@ -376,8 +373,7 @@ def percentiles(values: list[float]) -> dict:
 
 def run_load(tenants: int, steps: int, limits: dict, sync: int = 10) -> list[dict]:
     """The load run; returns its JSON records (tenants, operations, then the summary)."""
-    from live import serve_in_thread
-
+    from twinkle.server.testing import serve_in_thread
     from twinkle_client import init_tinker_client
 
     init_tinker_client()

@@ -30,12 +30,9 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "server"))
 
 PROMPT = [[11, 22, 33, 44, 55, 66, 77, 88]]
 ONE_TOKEN = {"max_tokens": 1, "temperature": 0.0}
@@ -124,12 +121,10 @@ def local_bench(model_id: str, repeats: int, storage: Path, threads: int = 1) ->
 
 
 def http_bench(model_id: str, repeats: int, storage: Path, threads: int = 1) -> dict:
-    from inprocess import KEYS, config_dict
-    from live import serve_in_thread
-
     from twinkle.server.config import parse_config
     from twinkle.server.local import build_local_server
     from twinkle.server.state import MemoryStore
+    from twinkle.server.testing import KEYS, config_dict, serve_in_thread
     from twinkle_client import init_twinkle_client
     from twinkle_client.model import MultiLoraTransformersModel
     from twinkle_client.sampler import TorchSampler

@@ -17,10 +17,8 @@ import concurrent.futures
 import json
 import os
 import platform
-import sys
 import tempfile
 import time
-from pathlib import Path
 
 for _key, _value in {
     "HF_HUB_OFFLINE": "1",
@@ -29,7 +27,6 @@ for _key, _value in {
     "TOKENIZERS_PARALLELISM": "false",
 }.items():
     os.environ.setdefault(_key, _value)
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "server"))
 
 import numpy as np  # noqa: E402
 
@@ -109,8 +106,7 @@ def tenant_run(url: str, key: str, base: str, steps: int, rows: int, seq: int) -
 
 
 def run_point(model_id: str, tenants: int, steps: int, rows: int, seq: int) -> dict:
-    from live import serve_in_thread
-
+    from twinkle.server.testing import serve_in_thread
     from twinkle_client import init_tinker_client
 
     init_tinker_client()

@@ -15,10 +15,7 @@ import argparse
 import json
 import os
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_megatron_tp import measure  # noqa: E402
 
 

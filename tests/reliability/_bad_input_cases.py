@@ -16,7 +16,6 @@ import functools
 import hashlib
 import json
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,9 +24,7 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-
-from inprocess import KEYS, config_dict  # noqa: E402
+from twinkle.server.testing import KEYS, config_dict  # noqa: E402
 
 BASE = "tiny/qwen3"
 MODEL = f"/api/v1/model/{BASE}"

@@ -49,7 +49,7 @@ class ServeProcess(ServerProcess):
     def _start_head(self) -> None:
         import contextlib
 
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "twinkle_client"))
         from cookbook_launch import ray_head
 
         from twinkle.server.launch import LOCAL_RAY_ENV

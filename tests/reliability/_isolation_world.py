@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,11 +16,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-
-from inprocess import KEYS, config_dict  # noqa: E402
-
 from twinkle.server.state.paths import tenant_id_for_key  # noqa: E402
+from twinkle.server.testing import KEYS, config_dict  # noqa: E402
 
 BASE = "tiny/qwen3"
 PREFIXES = {

@@ -13,24 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 from starlette.datastructures import Headers
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-
-from inprocess import KEYS, client, local_server  # noqa: E402
-
 from twinkle.errors import InvalidArgumentError, UnknownAdapterError  # noqa: E402
 from twinkle.model.lora import resolve_target_modules  # noqa: E402
 from twinkle.server.auth import ApiKeyAuth, AuthError  # noqa: E402
 from twinkle.server.errors import AtCapacity, BadRequest, NotFound, from_exception  # noqa: E402
 from twinkle.server.state import tenant_id_for_key  # noqa: E402
+from twinkle.server.testing import KEYS, client, local_server  # noqa: E402
 
 MODEL = "/api/v1/model/tiny/qwen3"
 SAMPLER = "/api/v1/sampler/tiny/qwen3"
@@ -74,10 +69,9 @@ def test_a_sampler_built_with_max_length_fits_prompt_and_completion_in_it():
 
 
 def test_the_sampler_takes_its_own_max_length_else_the_models():
-    from inprocess import config_dict
-
     from twinkle.server.config import parse_config
     from twinkle.server.sampler.service import SampleLimits
+    from twinkle.server.testing import config_dict
 
     def limit(model_max: int | None, sampler_max: int | None) -> int | None:
         raw = config_dict(sampler=True, **({"max_length": model_max} if model_max else {}))

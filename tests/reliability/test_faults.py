@@ -25,7 +25,7 @@ from twinkle.server.model.service import ModelService
 from twinkle.server.state import MemoryStore, ServerState
 from twinkle.server.tinker.futures import TinkerFutures
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "twinkle_server"))
 
 from _fault_harness import (  # noqa: E402
     BASE,
@@ -43,9 +43,10 @@ from _fault_harness import (  # noqa: E402
     tenant_of,
     wait_until,
 )
-from inprocess import client as inprocess_client  # noqa: E402
-from inprocess import local_server  # noqa: E402
 from redis_fixture import redis_url  # noqa: E402,F401 - a fixture
+
+from twinkle.server.testing import client as inprocess_client  # noqa: E402
+from twinkle.server.testing import local_server  # noqa: E402
 
 TARGET, EVERY = 4, 2
 
@@ -256,7 +257,7 @@ def test_a_sample_in_flight_through_a_whole_server_kill_is_resubmitted_by_the_sd
     itself: its sample's future is orphaned by the kill, the relaunched server answers it 410
     (a sample changes nothing, so running it again is safe), and the SDK sends the same sample
     again; the caller just gets its sequences. (The in-process version with a simulated dead
-    process: tests/tinker/test_tinker_orphaned_sample.py.)"""
+    process: tests/twinkle_server/tinker/test_tinker_orphaned_sample.py.)"""
     import threading
 
     import tinker

@@ -35,7 +35,7 @@ from twinkle.server.model.registry import StateRunRegistry
 from twinkle.server.model.service import ModelService
 from twinkle.server.state import MemoryStore, ServerState
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "twinkle_server"))
 
 from _fault_harness import (  # noqa: E402
     NativeTenant,

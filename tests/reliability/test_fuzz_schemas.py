@@ -321,12 +321,9 @@ def test_every_json_route_documents_its_request_body():
 def test_the_mock_backend_serves_forward(tmp_path):
     """``POST <model>/forward`` on ``backend: mock`` was a 500 (the mock had no ``forward``):
     its log-probs are forward_only's, and it leaves the adapter as it was."""
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-    from inprocess import client as server_client
-    from inprocess import local_server
+    from twinkle.server.testing import client as server_client
+    from twinkle.server.testing import local_server
 
     server = local_server(tmp_path, backend="mock")
     url = MODEL

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "twinkle_server"))
 
-from inprocess import client, local_server  # noqa: E402
 from redis_fixture import redis_url  # noqa: E402, F401 - fixture
 
 from twinkle.server.errors import PayloadTooLarge  # noqa: E402
@@ -31,6 +30,7 @@ from twinkle.server.state import (  # noqa: E402
     ServerState,
 )
 from twinkle.server.state.server_state import StateLimits  # noqa: E402
+from twinkle.server.testing import client, local_server  # noqa: E402
 
 A, B = "tenant-a", "tenant-b"
 KIB = 1024

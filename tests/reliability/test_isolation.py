@@ -240,6 +240,17 @@ NO_ID: dict[str, I] = {
     "POST gateway:/create_session": lambda i: [gw("POST", "/create_session", json={}, expect=200)],
     "GET gateway:/training_runs": lambda i: [gw("GET", "/training_runs?limit=1000", expect=200)],
     "GET gateway:/openai/v1/models": lambda i: [gw("GET", "/openai/v1/models", expect=200)],
+    # The web console: its page and assets hold no data; its JSON answers the caller's own.
+    "GET gateway:/console": lambda i: [gw("GET", "/console", expect=307)],
+    "GET gateway:/console/": lambda i: [gw("GET", "/console/", expect=200)],
+    "GET gateway:/console/static/{name}": lambda i: [gw("GET", "/console/static/console.js", expect=200)],
+    "GET gateway:/console/api/me": lambda i: [gw("GET", "/console/api/me", expect=200)],
+    "GET gateway:/console/api/sessions": lambda i: [gw("GET", "/console/api/sessions", expect=200)],
+    "GET gateway:/console/api/queue": lambda i: [gw("GET", "/console/api/queue", expect=200)],
+    # Bob's key is no admin key: the operator view refuses him.
+    "GET gateway:/console/api/admin": lambda i: [gw("GET", "/console/api/admin", expect=403)],
+    # Bob's own live adapters (keyed by API key): none of alice's.
+    "POST sampler:/live_adapters": lambda i: [Req("POST", f"{PREFIXES['sampler']}/live_adapters", json={}, expect=200)],
     "POST gateway:/client/config": lambda i: [gw("POST", "/client/config", json={}, expect=200)],
     "POST gateway:/client/dynamic_config": lambda i: [gw("POST", "/client/dynamic_config", json={}, expect=200)],
     "POST gateway:/telemetry": lambda i: [gw("POST", "/telemetry", json={}, expect=200)],
@@ -348,7 +359,8 @@ async def _judge(world: World, req: Req) -> list[str]:
         kwargs["json"] = req.json
     async with world.http(req.who) as http:
         reply = await http.request(req.method, req.url, **kwargs)
-        if reply.status_code == 200 and "request_id" in (reply.json() or {}):
+        json_reply = reply.headers.get("content-type", "").startswith("application/json")
+        if reply.status_code == 200 and json_reply and "request_id" in (reply.json() or {}):
             # A future: its outcome counts (alice's state must still be equal after it ran).
             try:
                 await done(http, reply.json())

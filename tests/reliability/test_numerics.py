@@ -14,21 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import orjson
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-
-from inprocess import client, local_server  # noqa: E402
-
 from twinkle.errors import InvalidArgumentError, NonFiniteUpdateError, StateOrderError  # noqa: E402
 from twinkle.model import AdamParams, MockModel, MultiLoraTransformersModel  # noqa: E402
 from twinkle.server.encoding import finite_json, jsonable  # noqa: E402
+from twinkle.server.testing import client, local_server  # noqa: E402
 
 ROWS = [
     {"input_ids": [11, 12, 13, 14, 15, 16], "labels": [-100, -100, -100, 14, 15, 16]},

@@ -6,20 +6,16 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-
-from inprocess import config_dict  # noqa: E402
-
 from twinkle.server.auth import ApiKeyAuth, AuthError  # noqa: E402
 from twinkle.server.config import parse_config  # noqa: E402
 from twinkle.server.local import build_local_server  # noqa: E402
 from twinkle.server.state import MemoryStore, tenant_id_for_key  # noqa: E402
+from twinkle.server.testing import config_dict  # noqa: E402
 
 OLD, NEW, STAYS = "rotate-old-key-0001", "rotate-new-key-0002", "rotate-stays-key-0003"
 ME = "/api/v1/auth/apikey/me"
@@ -225,7 +221,8 @@ def _span_texts(spans) -> list[str]:
 @pytest.mark.integration
 def test_no_key_or_token_in_logs_spans_or_bodies(tmp_path, telemetry_and_logs):
     import httpx
-    from inprocess import KEYS
+
+    from twinkle.server.testing import KEYS
 
     spans, records = telemetry_and_logs
     server = build_local_server(
@@ -423,14 +420,14 @@ SESSION = {"tags": [], "user_metadata": {}, "sdk_version": "0.38.0", "type": "cr
 
 
 def _limited_server(tmp_path, server_args=None, **model_args):
-    from inprocess import local_server
+    from twinkle.server.testing import local_server
 
     return local_server(tmp_path, backend="mock", server_args=server_args, **model_args)
 
 
 @pytest.mark.integration
 def test_gateway_rate_limit_is_per_key(tmp_path):
-    from inprocess import client
+    from twinkle.server.testing import client
 
     # One request per 5 s and a burst of 1: the second request of a key within the test's
     # few milliseconds is over, whatever the machine's speed.
@@ -454,7 +451,7 @@ def test_gateway_rate_limit_is_per_key(tmp_path):
 
 @pytest.mark.integration
 def test_model_rate_limit_is_per_key(tmp_path):
-    from inprocess import client
+    from twinkle.server.testing import client
 
     server = _limited_server(tmp_path, queue_config={"rps_limit": 0.2})
 
@@ -479,7 +476,7 @@ def test_model_rate_limit_is_per_key(tmp_path):
 
 @pytest.mark.integration
 def test_request_size_bound_on_every_entry_changes_nothing(tmp_path):
-    from inprocess import client
+    from twinkle.server.testing import client
 
     server = _limited_server(tmp_path, server_args={"max_request_bytes": 4096})
     padding = {"user_metadata": {"pad": "x" * 5000}}

@@ -22,9 +22,10 @@ from twinkle.server.state._futures import ORPHANED, ORPHANED_STATEFUL
 from twinkle.server.state.errors import StoreUnavailableError
 from twinkle.server.tinker.futures import TinkerFutures
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "server"))
-from inprocess import KEYS, client, config_dict  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "twinkle_server"))
 from redis_fixture import redis_url  # noqa: E402,F401 - a fixture
+
+from twinkle.server.testing import KEYS, client, config_dict  # noqa: E402
 
 
 def _dead_port() -> int:

@@ -17,7 +17,7 @@ import httpx
 import psutil
 import pytest
 from recipe_server import MODEL_NAME, launched_cookbook_server
-from test_cookbook_recipes import assert_rl_logged, run_cookbook
+from test_cookbook_recipes import assert_rl_logged, logged_metrics, run_cookbook
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -81,6 +81,13 @@ def test_guess_number_with_long_rows_stays_within_the_memory_budget(tmp_path):
             f"{watch.peak_mb:.0f} MB (budget {BUDGET_MB}), {len(statuses)} health checks, "
             f"slowest {slowest:.2f} s"
         )
+        # The recipe's own per-step timings: ``time/train_step`` is its forward_backward and
+        # optim_step calls, ``time/total`` the whole step with sampling.
+        for step, row in enumerate(logged_metrics(log_path, "env/all/reward/total")):
+            print(
+                f"guess_number step {step}: train_step {row['time/train_step']:.1f} s, "
+                f"step {row['time/total']:.1f} s"
+            )
         assert watch.peak_mb < BUDGET_MB
         assert len(statuses) > 20 and set(statuses) == {200}
         assert slowest < 5.0

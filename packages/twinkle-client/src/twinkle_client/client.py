@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import threading
 from typing import Any
 
@@ -20,6 +19,7 @@ from twinkle_client._http import (
     NotConnectedError,
 )
 from twinkle_client._version import __version__
+from twinkle_client.env import TWINKLE_CLIENT_DIRECT, TWINKLE_SERVER_TOKEN, TWINKLE_SERVER_URL
 from twinkle_client.errors import NotFoundError, TwinkleClientError
 from twinkle_client.tracking.history import TrainingHistory
 from twinkle_client.types import (
@@ -92,10 +92,8 @@ class TwinkleClient:
         transport: Any = None,
         direct: bool | None = None,
     ) -> None:
-        self.base_url = (
-            base_url or os.environ.get("TWINKLE_SERVER_URL") or DEFAULT_BASE_URL
-        ).rstrip("/")
-        self.api_key = api_key or os.environ.get("TWINKLE_SERVER_TOKEN") or None
+        self.base_url = (base_url or TWINKLE_SERVER_URL.get() or DEFAULT_BASE_URL).rstrip("/")
+        self.api_key = api_key or TWINKLE_SERVER_TOKEN.get() or None
         self.http = HttpTransport(
             self.base_url,
             self.api_key,
@@ -105,7 +103,7 @@ class TwinkleClient:
             transport=transport,
         )
         if direct is None:
-            direct = transport is None and os.environ.get("TWINKLE_CLIENT_DIRECT", "1") != "0"
+            direct = transport is None and TWINKLE_CLIENT_DIRECT.get()
         self._direct = direct
         self._timeouts = (timeout, min(connect_timeout, DIRECT_CONNECT_TIMEOUT_S))
         self._max_retries = max_retries
@@ -489,7 +487,7 @@ def get_default_client() -> TwinkleClient:
     global _default_client
     with _default_lock:
         if _default_client is None or _default_client._closed:
-            if not (os.environ.get("TWINKLE_SERVER_URL") or os.environ.get("TWINKLE_SERVER_TOKEN")):
+            if not (TWINKLE_SERVER_URL.get() or TWINKLE_SERVER_TOKEN.get()):
                 raise TwinkleClientError(
                     "no Twinkle server: call init_twinkle_client(base_url=..., api_key=...) first "
                     "(or set TWINKLE_SERVER_URL and TWINKLE_SERVER_TOKEN)"

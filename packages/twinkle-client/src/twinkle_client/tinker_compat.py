@@ -20,6 +20,13 @@ import uuid
 from typing import Any, overload
 from urllib.parse import urlsplit
 
+from twinkle_client.env import (
+    TINKER_API_KEY,
+    TINKER_BASE_URL,
+    TWINKLE_SERVER_TOKEN,
+    TWINKLE_SERVER_URL,
+)
+
 TINKER_PREFIX = "tml-"
 _PATCHED = "_twinkle_patched"
 
@@ -51,14 +58,15 @@ def init_tinker_client(base_url: str | None = None, api_key: str | None = None) 
 
     Calling it again only updates the defaults.
     """
-    base_url = base_url or os.environ.get("TWINKLE_SERVER_URL")
-    api_key = api_key or os.environ.get("TWINKLE_SERVER_TOKEN")
+    base_url = base_url or TWINKLE_SERVER_URL.get()
+    api_key = api_key or TWINKLE_SERVER_TOKEN.get()
     if base_url:
-        os.environ["TINKER_BASE_URL"] = base_url
+        os.environ[TINKER_BASE_URL.name] = base_url
+    sdk_key = TINKER_API_KEY.get()
     if api_key:
-        os.environ["TINKER_API_KEY"] = tinker_api_key(api_key)
-    elif os.environ.get("TINKER_API_KEY"):
-        os.environ["TINKER_API_KEY"] = tinker_api_key(os.environ["TINKER_API_KEY"])
+        os.environ[TINKER_API_KEY.name] = tinker_api_key(api_key)
+    elif sdk_key:
+        os.environ[TINKER_API_KEY.name] = tinker_api_key(sdk_key)
     import tinker
 
     if getattr(tinker, _PATCHED, False):
@@ -85,7 +93,7 @@ def init_tinker_compat_client(
     init_tinker_client(base_url, api_key)
     from tinker import ServiceClient
 
-    _check_reachable(os.environ.get("TINKER_BASE_URL"))
+    _check_reachable(TINKER_BASE_URL.get())
     return ServiceClient(**kwargs)
 
 
@@ -115,7 +123,7 @@ def _patch_service_client() -> None:
         default_headers_overrides: Any = None,
         **kwargs: Any,
     ):
-        key = tinker_api_key(api_key or os.environ.get("TINKER_API_KEY"))
+        key = tinker_api_key(api_key or TINKER_API_KEY.get())
         headers = dict(default_headers_overrides or {})
         if key:
             raw = key[len(TINKER_PREFIX) :] if key.startswith(TINKER_PREFIX) else key

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-import os
+
+from twinkle.env import TWINKLE_LOG_LEVEL
 
 _FORMAT = "[%(asctime)s] [%(levelname)s] %(name)s: %(message)s"
 
@@ -24,7 +25,7 @@ def get_logger(name: str = "twinkle") -> logging.Logger:
     root = logging.getLogger("twinkle")
     if not root.handlers and not getattr(root, "_twinkle_configured", False):
         root._twinkle_configured = True
-        root.setLevel(os.environ.get("TWINKLE_LOG_LEVEL", "INFO").upper())
+        root.setLevel(TWINKLE_LOG_LEVEL.get().upper())
         if not logging.getLogger().handlers:
             handler = logging.StreamHandler()
             handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%H:%M:%S"))

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from tqdm import tqdm
 
 from twinkle import get_logger
 from twinkle._demo_tenants import pretrain_dataloader, save_curves, save_tensorboard, sft_dataloader
+from twinkle.env import TWINKLE_OUTPUT_DIR
 
 logger = get_logger("twinkle.demo")
 
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--output-dir",
         type=Path,
-        default=Path(os.environ.get("TWINKLE_OUTPUT_DIR", "output")) / "demo",
+        default=Path(TWINKLE_OUTPUT_DIR.get()) / "demo",
     )
     args = parser.parse_args(argv)
     served = not args.local and importlib.util.find_spec("twinkle.server") is not None

@@ -4,8 +4,9 @@
   (``TwinkleClient.get_training_history(run_id)``) or a local model
   (``model.get_training_history(adapter_name=...)``): one :class:`HistoryPoint` per optimizer step.
 - A :class:`Tracker` takes ``log(step, metrics)`` and ``close()``; :func:`make_tracker` builds one
-  over TensorBoard, Weights & Biases or MLflow (each through its own library, imported only when
-  that tracker is made: ``pip install twinkle-client[tracking]``); :class:`MultiTracker` fans out.
+  over TensorBoard, Weights & Biases, MLflow or SwanLab (each through its own library, imported
+  only when that tracker is made: ``pip install twinkle-client[tracking]``, and
+  ``twinkle-client[swanlab]`` apart); :class:`MultiTracker` fans out.
 - :func:`export_history` sends a stored history to a tracker.
 
 This package never imports torch; ``twinkle.tracking`` re-exports it unchanged.

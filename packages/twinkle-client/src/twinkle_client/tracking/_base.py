@@ -24,6 +24,7 @@ _ADAPTERS: dict[str, str] = {
     "tensorboard": "twinkle_client.tracking._tensorboard:TensorBoardTracker",
     "wandb": "twinkle_client.tracking._wandb:WandbTracker",
     "mlflow": "twinkle_client.tracking._mlflow:MlflowTracker",
+    "swanlab": "twinkle_client.tracking._swanlab:SwanLabTracker",
 }
 _FACTORIES: dict[str, Callable[..., Tracker]] = {}
 
@@ -40,13 +41,14 @@ def tracker_names() -> list[str]:
 
 def make_tracker(kind: str, /, **kwargs: Any) -> Tracker:
     """A tracker by kind: ``tensorboard`` (``log_dir``), ``wandb`` (``project``, ``name``,
-    ``dir``, ``mode``, ...), ``mlflow`` (``tracking_uri``, ``experiment``, ``run_name``), or
-    one added with :func:`register_tracker`.
+    ``dir``, ``mode``, ...), ``mlflow`` (``tracking_uri``, ``experiment``, ``run_name``),
+    ``swanlab`` (``project``, ``name``, ``path``, ``mode``, ...; the ``swanlab`` extra), or one
+    added with :func:`register_tracker`.
 
     Raises:
         ValueError: An unknown name (the message lists the known ones).
         ImportError: The tracker's library is not installed (``pip install
-            twinkle-client[tracking]``).
+            twinkle-client[tracking]``; for SwanLab ``twinkle-client[swanlab]``).
     """
     if kind in _FACTORIES:
         return _FACTORIES[kind](**kwargs)

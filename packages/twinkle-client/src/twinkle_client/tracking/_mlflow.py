@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from twinkle_client.env import MLFLOW_ALLOW_FILE_STORE
 from twinkle_client.tracking._base import check_metrics
 
 #: MLflow takes at most this many metrics in one ``log_batch``.
@@ -43,7 +44,7 @@ class MlflowTracker:
                 raise ValueError("MlflowTracker needs path or tracking_uri")
             tracking_uri = Path(path).expanduser().resolve().as_uri()
         if tracking_uri.startswith("file:"):
-            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            os.environ.setdefault(MLFLOW_ALLOW_FILE_STORE.name, "true")
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=tracking_uri)

@@ -28,6 +28,7 @@ from typing import Any
 from fastapi import HTTPException, Request
 
 from twinkle._logging import get_logger
+from twinkle.env import environ as process_environ
 from twinkle.server.errors import BadRequest, Unauthorized
 from twinkle.server.signing import looks_like_jwt
 from twinkle.server.state.paths import tenant_id_for_key
@@ -111,7 +112,7 @@ class ApiKeyAuth:
         allow_anonymous: With no key configured, serve everyone as tenant ``anonymous`` instead of
             refusing to start. Ignored when keys are configured; a keys file emptied later
             refuses everyone rather than turning anonymous.
-        environ: The environment to read ``env_var`` from (default ``os.environ``).
+        environ: The environment to read ``env_var`` from (default: this process's).
         digests: Hex sha256 digests of further keys (``auth.api_key_sha256``).
         tokens: Verifies presented JWTs (``verify_jwt(token) -> claims``, raising ``ValueError``);
             without it only keys are accepted.
@@ -139,7 +140,7 @@ class ApiKeyAuth:
         reload_interval_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        environ = os.environ if environ is None else environ
+        environ = process_environ() if environ is None else environ
         collected = [k.strip() for k in keys]
         collected += [k.strip() for k in environ.get(env_var, "").split(",")]
         # key digest -> (tenant id, hint); the raw keys are not kept.

@@ -8,14 +8,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import os
 import sys
 
 from twinkle.server import __version__
+from twinkle.server.env import TWINKLE_RAY_NAMESPACE, TWINKLE_SERVER_CONFIG
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
-CONFIG_ENV = "TWINKLE_SERVER_CONFIG"
-NAMESPACE_ENV = "TWINKLE_RAY_NAMESPACE"
+CONFIG_ENV = TWINKLE_SERVER_CONFIG.name
+NAMESPACE_ENV = TWINKLE_RAY_NAMESPACE.name
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
         "export-history", help="write a run's stored training history to a tracker"
     )
     export.add_argument("run_id", metavar="RUN", help="the training run id")
-    export.add_argument("--to", required=True, choices=("tensorboard", "wandb", "mlflow"))
+    export.add_argument(
+        "--to", required=True, choices=("tensorboard", "wandb", "mlflow", "swanlab")
+    )
     export.add_argument("path", metavar="DIR", help="where the tracker writes (its directory)")
     _add_config_option(export)
 
@@ -103,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "status":
         return _status(extra)
-    if not (args.config or os.environ.get(CONFIG_ENV)):
+    if not (args.config or TWINKLE_SERVER_CONFIG.is_set()):
         print(f"error: no config file: pass -c/--config or set {CONFIG_ENV}", file=sys.stderr)
         return EXIT_USAGE
     from twinkle.server.config import ConfigError, load_config
@@ -157,7 +159,7 @@ def _launch(config, args) -> int:
             print(f"error: {error}", file=sys.stderr)
             return EXIT_INVALID
         return EXIT_OK
-    namespace = args.namespace or os.environ.get(NAMESPACE_ENV) or config.ray_namespace or None
+    namespace = args.namespace or TWINKLE_RAY_NAMESPACE.get() or config.ray_namespace or None
     try:
         launch(
             config,

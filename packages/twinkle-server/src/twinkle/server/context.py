@@ -73,7 +73,7 @@ def per_key_rate_limited(authenticate: Authenticator, rps: float) -> Authenticat
     """``authenticate`` that also admits at most ``rps`` requests/s per tenant (one bucket per
     API key, so one key's burst never slows another's), refusing with ``RateLimited`` (429)."""
     from twinkle.server.errors import RateLimited
-    from twinkle.server.model.ratelimit import RateLimiter
+    from twinkle.server.ratelimit import RateLimiter
 
     limiter = RateLimiter(rps_limit=rps)
 

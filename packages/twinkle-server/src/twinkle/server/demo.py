@@ -76,9 +76,10 @@ def _start(config: dict[str, Any]) -> str:
     import ray
 
     from twinkle.server.config import parse_config
+    from twinkle.server.env import RAY_USAGE_STATS_ENABLED
     from twinkle.server.launch import deploy
 
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault(RAY_USAGE_STATS_ENABLED.name, "0")
     ray.init(
         num_cpus=os.cpu_count() or 2,
         include_dashboard=False,
@@ -185,6 +186,11 @@ def run(steps: int, output_dir: Path) -> dict[str, list[float]]:
     logger.info("starting the tiny Twinkle server on Ray Serve ...")
     url = _start(demo_config(_free_port(), output_dir / "server-storage"))
     logger.info("server up at %s/api/v1 after %.1f s", url, time.perf_counter() - started)
+    logger.info(
+        "web console while the demo runs: %s/api/v1/console/ (log in with %s)",
+        url,
+        KEYS["tenant_a"],
+    )
     history: dict[str, list[float]] = {name: [] for name in loaders}
     paths: dict[str, str] = {}
     try:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import re
 import shutil
 import time
@@ -47,6 +46,12 @@ from fastapi.responses import FileResponse
 from twinkle.errors import TwinkleError
 from twinkle.server.auth import caller_key
 from twinkle.server.context import ServerContext
+from twinkle.server.env import (
+    TWINKLE_EXPORT_KEEP_S,
+    TWINKLE_EXPORT_MAX_BYTES,
+    TWINKLE_EXPORT_TIMEOUT_S,
+    EnvVar,
+)
 from twinkle.server.errors import BadRequest, Forbidden, NotFound, ServiceError
 from twinkle.server.hub import HubPublisher, HubToken, check_hf_token, upload_folder_to_hf
 from twinkle.server.threads import off_loop
@@ -66,11 +71,11 @@ _PUBLISH_FIELDS = _EXPORT_FIELDS | {"repo_id", "hub", "token", "private", "commi
 _FILES = "merged_export_files"
 
 
-def _env_float(name: str, default: float) -> float:
+def _env_float(variable: EnvVar[float]) -> float:
     try:
-        return float(os.environ.get(name) or default)
+        return variable.get()
     except ValueError:
-        return default
+        return variable.default
 
 
 def parse_shard_size(value: Any) -> int:
@@ -100,9 +105,9 @@ class ExportService:
         self.ctx = ctx
         self.store = ctx.state.store
         self.root = ctx.storage_root / "merged_exports"
-        self.max_bytes = _env_float("TWINKLE_EXPORT_MAX_BYTES", 200e9)
-        self.timeout_s = _env_float("TWINKLE_EXPORT_TIMEOUT_S", 3600.0)
-        self.keep_s = _env_float("TWINKLE_EXPORT_KEEP_S", 86400.0)
+        self.max_bytes = _env_float(TWINKLE_EXPORT_MAX_BYTES)
+        self.timeout_s = _env_float(TWINKLE_EXPORT_TIMEOUT_S)
+        self.keep_s = _env_float(TWINKLE_EXPORT_KEEP_S)
         self.hub = HubPublisher.from_config(ctx.config.hub)
         self._builds = ThreadPoolExecutor(max_workers=1, thread_name_prefix="twinkle-export")
         self._uploads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="twinkle-export-up")

@@ -27,19 +27,20 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from twinkle.env import environ as process_environ
+from twinkle.server.env import HF_ENDPOINT, MODELSCOPE_ENDPOINT, TWINKLE_HUB_NAMESPACE
 from twinkle.server.errors import BadRequest
 
 logger = logging.getLogger("twinkle.server.hub")
 
 TINKER_KEY_PREFIX = "tml-"
-NAMESPACE_ENV = "TWINKLE_HUB_NAMESPACE"
+NAMESPACE_ENV = TWINKLE_HUB_NAMESPACE.name
 #: Seconds a publish waits to learn whether the hub accepts connections at all (name lookup
 #: included, which the socket's own timeout does not bound).
 REACH_DEADLINE_S = 8.0
@@ -90,7 +91,7 @@ class HubPublisher:
             BadRequest: No token can be used (the message says what to configure), or the hub
                 cannot be reached or failed.
         """
-        server = (os.environ.get(self.token_env) or "").strip()
+        server = (process_environ().get(self.token_env) or "").strip()
         caller = _hub_key(presented_key) if self.caller_key != "never" else None
         if caller or server:
             self.check_reachable()
@@ -115,7 +116,7 @@ class HubPublisher:
         """``<namespace>/<repo_name>``: the caller's user for the caller's token, else the
         configured namespace or the server token's user."""
         namespace = token.username if token.source == "caller" else None
-        namespace = namespace or self.namespace or os.environ.get(NAMESPACE_ENV)
+        namespace = namespace or self.namespace or TWINKLE_HUB_NAMESPACE.get()
         if not namespace:
             from twinkle.hub.upload import hub_username
 
@@ -167,7 +168,7 @@ class HubPublisher:
             from modelscope.hub.api import HubApi
         except ImportError:
             return None
-        return HubApi(endpoint=self.endpoint or os.environ.get("MODELSCOPE_ENDPOINT")).endpoint
+        return HubApi(endpoint=self.endpoint or MODELSCOPE_ENDPOINT.get()).endpoint
 
     def check_reachable(self, deadline_s: float | None = None) -> None:
         """Return once the hub accepts a connection; else a 400 within ``deadline_s`` seconds
@@ -243,14 +244,14 @@ def _log_outcome(hub_model_id: str, future: Any) -> None:
 
 
 #: The variable naming the Hugging Face Hub's address (huggingface_hub's own), read per upload.
-HF_ENDPOINT_ENV = "HF_ENDPOINT"
-HF_DEFAULT_ENDPOINT = "https://huggingface.co"
+HF_ENDPOINT_ENV = HF_ENDPOINT.name
+HF_DEFAULT_ENDPOINT = HF_ENDPOINT.default
 
 
 def hf_endpoint(endpoint: str | None = None) -> str:
     """The Hugging Face Hub's address: ``endpoint``, else ``$HF_ENDPOINT`` as set now, else
     huggingface.co (huggingface_hub reads its variable once, at import)."""
-    return (endpoint or os.environ.get(HF_ENDPOINT_ENV) or HF_DEFAULT_ENDPOINT).rstrip("/")
+    return (endpoint or HF_ENDPOINT.get() or HF_DEFAULT_ENDPOINT).rstrip("/")
 
 
 def check_hf_token(token: str | None, endpoint: str | None = None) -> str:

@@ -16,6 +16,12 @@ from collections.abc import Callable
 from typing import Any
 
 from twinkle.server.config import ApplicationConfig, ServerConfig
+from twinkle.server.env import (
+    RAY_ADDRESS,
+    RAY_USAGE_STATS_ENABLED,
+    TWINKLE_RAY_NAMESPACE,
+    TWINKLE_TRUST_REMOTE_CODE,
+)
 
 logger = logging.getLogger("twinkle.server.launch")
 
@@ -28,7 +34,7 @@ APP_BUILDERS: dict[str, str] = {
 
 DEFAULT_NUM_CPUS = 0.1  # a replica's default of 1 CPU leaves a 2-core machine unschedulable
 DEFAULT_MAX_ONGOING_REQUESTS = {"server": 128, "model": 64, "sampler": 64, "processor": 32}
-PROPAGATED_ENV = ("TWINKLE_TRUST_REMOTE_CODE",)
+PROPAGATED_ENV = (TWINKLE_TRUST_REMOTE_CODE,)
 READY_TIMEOUT_S = 900.0
 
 
@@ -83,9 +89,10 @@ def deployment_options(app_config: ApplicationConfig, deployment_name: str) -> d
         gpus = replica_num_gpus(app_config)
         if gpus:
             actor["num_gpus"] = gpus
-    for key in PROPAGATED_ENV:
-        if key in os.environ:
-            env_vars.setdefault(key, os.environ[key])
+    for variable in PROPAGATED_ENV:
+        value = variable.raw()
+        if value is not None:
+            env_vars.setdefault(variable.name, value)
     if env_vars:
         runtime_env["env_vars"] = env_vars
     if runtime_env:
@@ -152,10 +159,10 @@ def init_ray(
     """
     import ray
 
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault(RAY_USAGE_STATS_ENABLED.name, "0")
     if ray.is_initialized():
         return "using the Ray this process already runs"
-    address = address or os.environ.get("RAY_ADDRESS") or None
+    address = address or RAY_ADDRESS.get() or None
     if address is None:
         try:
             ray.init(address="auto", namespace=namespace, log_to_driver=False)
@@ -356,7 +363,7 @@ def launch(
     # Keys are read here, once; replicas on any node get only their digests.
     config = config.model_copy(update={"auth": config.auth.sealed()})
     how = init_ray(
-        namespace or os.environ.get("TWINKLE_RAY_NAMESPACE") or None,
+        namespace or TWINKLE_RAY_NAMESPACE.get() or None,
         config.http_options.serves_direct_ingress(),
         address,
     )

@@ -225,10 +225,8 @@ def gateway_bodies(components: dict[str, Any]) -> dict[tuple[str, str], dict]:
         ),
         ("post", "/forward_backward"): PROTOBUF_BODY,
     }
-    try:
-        from twinkle.server.tinker.request_fields import REQUEST_TYPES
-    except ImportError:  # a gateway without the Tinker API
-        return out
+    from twinkle.server.tinker.request_fields import REQUEST_TYPES
+
     for endpoint, model in REQUEST_TYPES.items():
         out[("post", f"/{endpoint}")] = json_body(model_schema(model, components))
     # SDKs before 0.27 send the forward passes as JSON (later ones as protobuf).

@@ -112,16 +112,19 @@ def placement_of(component: Any) -> dict[str, Any]:
 
 
 def memory_budget_mb(app_config: ApplicationConfig, config: ServerConfig | None) -> int | None:
-    """The memory budget of one replica of a ``model`` application (``execution.memory_budget_mb``
-    when the config gives one): its deployment's Ray ``memory`` resource when given (Ray places
-    the replica where that much is free), else, on a CPU replica, an equal share of
-    :data:`MODEL_SHARE` of this node's memory less :data:`CONTROL_PLANE_RESERVE_MB`, among the
-    config's model replicas (``config`` ``None``: this application's). ``None`` for a replica on
-    accelerators: the device's free memory
-    bounds its passes."""
+    """The memory budget of one replica of a ``model`` or torch ``sampler`` application
+    (``execution.memory_budget_mb`` when the config gives one): its deployment's Ray ``memory``
+    resource when given (Ray places the replica where that much is free), else, on a CPU
+    replica, an equal share of :data:`MODEL_SHARE` of this node's memory less
+    :data:`CONTROL_PLANE_RESERVE_MB`, among the config's model and torch-sampler replicas
+    (``config`` ``None``: this application's). ``None`` for a replica on accelerators (the
+    device's free memory bounds its passes) and for the vllm and mock samplers (vLLM sizes its
+    own cache from ``engine_args``; the mock holds no model)."""
     execution = getattr(app_config.args, "execution", None)
     if execution is not None and execution.memory_budget_mb is not None:
         return execution.memory_budget_mb
+    if app_config.import_path == "sampler" and not _holds_torch_model(app_config):
+        return None
     actor = app_config.deployments[0].ray_actor_options if app_config.deployments else None
     if actor is not None and actor.memory:
         return max(1, actor.memory >> 20)
@@ -131,10 +134,17 @@ def memory_budget_mb(app_config: ApplicationConfig, config: ServerConfig | None)
     replicas = sum(
         sum(_most_replicas(d) for d in app.deployments) or 1
         for app in apps
-        if app.import_path == "model"
+        if _holds_torch_model(app)
     )
     total = _node_memory_mb()
     return max(1, int((total - CONTROL_PLANE_RESERVE_MB) * MODEL_SHARE / max(1, replicas)))
+
+
+def _holds_torch_model(app_config: ApplicationConfig) -> bool:
+    """Whether the application's replicas hold a torch model in their own memory."""
+    if app_config.import_path == "model":
+        return True
+    return app_config.import_path == "sampler" and app_config.args.sampler_type == "torch"
 
 
 def _most_replicas(deployment: Any) -> int:

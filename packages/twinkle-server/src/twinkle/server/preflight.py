@@ -10,10 +10,10 @@ seconds with the field and the fix, not minutes later as a failed deployment.
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from twinkle.env import environ as process_environ
 from twinkle.server.config import ApplicationConfig, ServerConfig
 
 NO_KEYS = (
@@ -27,7 +27,7 @@ NO_KEYS = (
 
 def preflight_problems(config: ServerConfig, environ: Mapping[str, str] | None = None) -> list[str]:
     """Every reason ``config`` cannot launch from this machine, as ``'<where>: <what and fix>'``."""
-    environ = os.environ if environ is None else environ
+    environ = process_environ() if environ is None else environ
     problems = _auth_problems(config, environ)
     served = set()
     for app in config.applications:

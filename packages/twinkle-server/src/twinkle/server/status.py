@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 from datetime import datetime
@@ -18,7 +17,9 @@ from typing import Any, TextIO
 
 import httpx
 
-URL_ENV, TOKEN_ENV = "TWINKLE_SERVER_URL", "TWINKLE_SERVER_TOKEN"
+from twinkle.server.env import TWINKLE_SERVER_TOKEN, TWINKLE_SERVER_URL
+
+URL_ENV, TOKEN_ENV = TWINKLE_SERVER_URL.name, TWINKLE_SERVER_TOKEN.name
 COLUMNS = ("MODEL", "ADAPTER", "RUN", "STEPS", "TOKENS", "TOKENS/S", "LAST LOSS", "QUEUE")
 _CLEAR = "\x1b[2J\x1b[H"
 
@@ -33,11 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--url",
-        default=os.environ.get(URL_ENV, "http://localhost:8000"),
-        help=f"server address (default: ${URL_ENV} or http://localhost:8000)",
+        default=TWINKLE_SERVER_URL.get(),
+        help=f"server address (default: ${URL_ENV} or {TWINKLE_SERVER_URL.default})",
     )
     parser.add_argument(
-        "--api-key", default=os.environ.get(TOKEN_ENV), help=f"API key (default: ${TOKEN_ENV})"
+        "--api-key", default=TWINKLE_SERVER_TOKEN.get(), help=f"API key (default: ${TOKEN_ENV})"
     )
     parser.add_argument(
         "--watch", type=float, metavar="SECONDS", default=None, help="refresh every SECONDS"

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from twinkle.dataset.meta import DatasetMeta
+from twinkle.env import HF_DATASETS_OFFLINE, HF_HUB_OFFLINE, MODELSCOPE_OFFLINE, TWINKLE_OFFLINE
 
 if TYPE_CHECKING:
     import datasets
@@ -18,7 +18,7 @@ GENERATED_DATASETS = ("self-cognition-vl",)
 
 # File suffix -> HF `datasets` builder.
 _BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
-_OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "MODELSCOPE_OFFLINE", "TWINKLE_OFFLINE")
+_OFFLINE_VARS = (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE, MODELSCOPE_OFFLINE, TWINKLE_OFFLINE)
 
 
 def load_source(meta: DatasetMeta) -> datasets.Dataset:
@@ -82,7 +82,7 @@ def _load_files(files: list[Path], split: str) -> datasets.Dataset:
 
 
 def _offline() -> bool:
-    return any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on") for v in _OFFLINE_VARS)
+    return any(variable.get() for variable in _OFFLINE_VARS)
 
 
 def _load_hf(dataset_id: str, meta: DatasetMeta) -> datasets.Dataset:

@@ -15,6 +15,8 @@ import shutil
 from pathlib import Path
 from typing import Literal
 
+from twinkle.env import MODELSCOPE_CACHE
+
 RepoType = Literal["model", "dataset"]
 MODELSCOPE_REVISION = "master"  # what modelscope resolves when no revision is given
 HF_SEED_COMMIT = "0" * 40  # a seeded snapshot has no upstream commit; refs/main points here
@@ -22,7 +24,7 @@ HF_SEED_COMMIT = "0" * 40  # a seeded snapshot has no upstream commit; refs/main
 
 def modelscope_cache_root() -> Path:
     """``$MODELSCOPE_CACHE``, else ``~/.cache/modelscope/hub`` (modelscope's own default)."""
-    cache = os.environ.get("MODELSCOPE_CACHE")
+    cache = MODELSCOPE_CACHE.get()
     return Path(cache).expanduser() if cache else Path.home() / ".cache" / "modelscope" / "hub"
 
 

@@ -8,27 +8,26 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from twinkle.errors import InvalidArgumentError
+from twinkle.env import (
+    HF_HUB_OFFLINE,
+    MODELSCOPE_OFFLINE,
+    TRANSFORMERS_OFFLINE,
+    TWINKLE_OFFLINE,
+    TWINKLE_TRUST_REMOTE_CODE,
+    EnvVar,
+)
+from twinkle.errors import InvalidArgumentError, ModelNotFoundError, RemoteCodeRefusedError
 
 from ._cache import download_modelscope, find_huggingface, find_modelscope
 from ._tiny import TINY_MODELS, materialize_tiny_model
 
 SCHEMES = ("tiny://", "ms://", "hf://")
-_TRUE = {"1", "true", "yes", "on"}
-
-
-class ModelNotFoundError(FileNotFoundError):
-    """A model id names nothing that is available locally, and it cannot be downloaded."""
-
-
-class RemoteCodeRefusedError(InvalidArgumentError):
-    """A model needs code shipped in its repository and ``TWINKLE_TRUST_REMOTE_CODE`` is off."""
 
 
 def trust_remote_code() -> bool:
     """Whether ``TWINKLE_TRUST_REMOTE_CODE`` (``1``/``true``/``yes``/``on``) lets a model
     repository's own code run; off when unset."""
-    return _env_flag("TWINKLE_TRUST_REMOTE_CODE")
+    return TWINKLE_TRUST_REMOTE_CODE.get()
 
 
 @contextlib.contextmanager
@@ -54,16 +53,16 @@ def remote_code_guard(model_dir: str | os.PathLike[str]) -> Iterator[bool]:
         ) from None
 
 
-def _env_flag(*names: str) -> bool:
-    return any(os.environ.get(name, "").strip().lower() in _TRUE for name in names)
+def _env_flag(*variables: EnvVar[bool]) -> bool:
+    return any(variable.get() for variable in variables)
 
 
 def _hf_offline() -> bool:
-    return _env_flag("TWINKLE_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    return _env_flag(TWINKLE_OFFLINE, HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE)
 
 
 def _ms_offline() -> bool:
-    return _env_flag("TWINKLE_OFFLINE", "MODELSCOPE_OFFLINE", "HF_HUB_OFFLINE")
+    return _env_flag(TWINKLE_OFFLINE, MODELSCOPE_OFFLINE, HF_HUB_OFFLINE)
 
 
 def _not_found(model_id: str, where: str) -> ModelNotFoundError:

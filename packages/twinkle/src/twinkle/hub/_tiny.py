@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from twinkle.env import TWINKLE_CACHE_DIR
+
 # Bump when the builder's output changes for an unchanged spec: it is part of the cache key.
 BUILDER_VERSION = 1
 _COMPLETE_MARKER = ".twinkle-complete"
@@ -302,7 +304,7 @@ def _save_quietly(model, tokenizer, target_dir: Path) -> None:
 
 def cache_root() -> Path:
     """Root of twinkle's cache: ``$TWINKLE_CACHE_DIR`` or ``~/.cache/twinkle``."""
-    root = os.environ.get("TWINKLE_CACHE_DIR")
+    root = TWINKLE_CACHE_DIR.get()
     return Path(root).expanduser() if root else Path.home() / ".cache" / "twinkle"
 
 

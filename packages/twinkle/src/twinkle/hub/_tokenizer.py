@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from twinkle.env import RAYON_NUM_THREADS
+
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -107,15 +109,15 @@ def _train_backend(vocab_size: int):
     )
     # The trainer counts words in parallel; one thread keeps the merge order, and so the file
     # bytes, identical from run to run.
-    previous = os.environ.get("RAYON_NUM_THREADS")
-    os.environ["RAYON_NUM_THREADS"] = "1"
+    previous = RAYON_NUM_THREADS.get()
+    os.environ[RAYON_NUM_THREADS.name] = "1"
     try:
         tokenizer.train_from_iterator(list(iter_corpus_text()), trainer=trainer)
     finally:
         if previous is None:
-            os.environ.pop("RAYON_NUM_THREADS", None)
+            os.environ.pop(RAYON_NUM_THREADS.name, None)
         else:
-            os.environ["RAYON_NUM_THREADS"] = previous
+            os.environ[RAYON_NUM_THREADS.name] = previous
     return tokenizer
 
 

@@ -28,25 +28,22 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from twinkle.errors import InvalidArgumentError, PathNotFoundError, TwinkleError
+from twinkle.env import MODELSCOPE_API_TOKEN, MODELSCOPE_ENDPOINT
+from twinkle.errors import (
+    HubUnreachableError,
+    HubUploadError,
+    InvalidArgumentError,
+    PathNotFoundError,
+    TwinkleError,
+)
 
-TOKEN_ENV = "MODELSCOPE_API_TOKEN"
-ENDPOINT_ENV = "MODELSCOPE_ENDPOINT"
+TOKEN_ENV = MODELSCOPE_API_TOKEN.name
+ENDPOINT_ENV = MODELSCOPE_ENDPOINT.name
 REQUIRED_FILES = ("adapter_config.json", "adapter_model.safetensors")
 UPLOADED_FILES = (*REQUIRED_FILES, "README.md")
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*/[A-Za-z0-9][A-Za-z0-9_.\-]*")
 #: Seconds to wait for a TCP connection to the hub before reporting it unreachable.
 CONNECT_TIMEOUT_S = 5.0
-
-
-class HubUploadError(TwinkleError, RuntimeError):
-    """An upload that cannot be done as asked: no modelscope package, no token, a token the hub
-    rejects."""
-
-
-class HubUnreachableError(HubUploadError):
-    """The hub cannot be reached from here (no route, no DNS, refused, timed out). Retrying at
-    once does not help: the message names the address tried."""
 
 
 @dataclass(frozen=True)
@@ -235,11 +232,11 @@ def _hub_api_class():
 
 def _endpoint(endpoint: str | None) -> str | None:
     # modelscope reads its environment once per process; a later change would go unseen.
-    return endpoint or os.environ.get(ENDPOINT_ENV) or None
+    return endpoint or MODELSCOPE_ENDPOINT.get() or None
 
 
 def _token(token: str | None) -> str:
-    token = (token or os.environ.get(TOKEN_ENV) or "").strip() or _saved_login()
+    token = (token or MODELSCOPE_API_TOKEN.get() or "").strip() or _saved_login()
     if not token:
         raise HubUploadError(
             f"no ModelScope token: pass token=..., set {TOKEN_ENV}, or run `modelscope login` "

@@ -17,7 +17,7 @@ from typing import Any
 from twinkle.errors import InvalidArgumentError
 
 #: ``peft.LoraConfig().to_dict()`` of peft 0.21.2 (plus ``runtime_config``, which ``to_dict``
-#: leaves out); ``tests/model/test_lora_fields.py`` checks it against the installed peft.
+#: leaves out); ``tests/twinkle/model/test_lora_fields.py`` checks it against the installed peft.
 PEFT_DEFAULTS: dict[str, Any] = {
     "task_type": None,
     "peft_type": "LORA",

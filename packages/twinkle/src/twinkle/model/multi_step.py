@@ -10,7 +10,7 @@ those kernels as ONE tensor (its whole gradient, weights and Adam moments) inste
 Nothing is shared but the arithmetic: every tenant keeps its own optimizer object and state (so
 checkpoints and ``state_dict`` are unchanged), its own clipping coefficient and its own step count.
 The results equal those of each tenant's own ``clip_grad_norm_`` + ``optimizer.step()``
-(``tests/model/test_multi_step.py``). Optimizers that cannot be batched (SGD, custom classes,
+(``tests/twinkle/model/test_multi_step.py``). Optimizers that cannot be batched (SGD, custom classes,
 several parameter groups, step hooks, non-fused Adam) take their own ``step()``.
 """
 

@@ -3,23 +3,23 @@
 A model takes an :class:`ExecutionOptions` at construction and keeps it; nothing on the hot path
 reads a module global or an environment variable. Environment variables only supply defaults, once,
 in :meth:`ExecutionOptions.from_env`. The server builds the object from the ``execution:`` block of
-a model or sampler application (see docs/server_config.md). None of these knobs changes results
+a model or sampler application (see docs/server_config.md), whose fields are derived from these. None of these knobs changes results
 beyond floating-point summation order: they choose between equivalent implementations.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from twinkle.env import TWINKLE_LORA_KERNEL, TWINKLE_MALLOC_TUNING
 
 LoraKernel = Literal["auto", "torch", "triton"]
 _KERNELS = ("auto", "torch", "triton")
 Recompute = Literal["off", "auto", "on"]
 _RECOMPUTE = ("off", "auto", "on")
-_FALSE = ("0", "false", "no", "off")
 
 
 @dataclass(frozen=True)
@@ -75,21 +75,23 @@ class ExecutionOptions:
             free memory; on a CPU, what the operating system reports available).
     """
 
+    # ``metadata``: the bounds of a number (pydantic's ``ge``), which the server's YAML block
+    # (derived from these fields) checks as it parses.
     lora_kernel: LoraKernel = "auto"
     direct_weight_grads: bool = True
     small_gemm_one_thread: bool = True
-    small_tensor_elements: int = 32768
-    logprob_chunk_bytes: int = 2 << 20
+    small_tensor_elements: int = field(default=32768, metadata={"ge": 1})
+    logprob_chunk_bytes: int = field(default=2 << 20, metadata={"ge": 1})
     fused_adam: bool = True
     malloc_tuning: bool = True
-    cpu_threads: int | None = None
-    max_pass_tokens: int | None = None
+    cpu_threads: int | None = field(default=None, metadata={"ge": 1})
+    max_pass_tokens: int | None = field(default=None, metadata={"ge": 0})
     split_batches: bool = False
     lean_activations: bool = True
     linear_logprobs: bool = True
-    linear_chunk_bytes: int = 128 << 20
+    linear_chunk_bytes: int = field(default=128 << 20, metadata={"ge": 1})
     activation_recompute: Recompute = "auto"
-    memory_budget_mb: int | None = None
+    memory_budget_mb: int | None = field(default=None, metadata={"ge": 1})
 
     def __post_init__(self) -> None:
         if self.lora_kernel not in _KERNELS:
@@ -129,12 +131,11 @@ class ExecutionOptions:
         ``TWINKLE_LORA_KERNEL`` (``auto | torch | triton``) and ``TWINKLE_MALLOC_TUNING=0`` are
         the two variables earlier releases read on every call; they keep working as defaults.
         """
-        env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
-        kernel = env.get("TWINKLE_LORA_KERNEL", "").strip().lower()
+        kernel = (TWINKLE_LORA_KERNEL.get(environ) or "").strip().lower()
         if kernel:
             values["lora_kernel"] = kernel
-        if env.get("TWINKLE_MALLOC_TUNING", "").strip().lower() in _FALSE:
+        if not TWINKLE_MALLOC_TUNING.get(environ):
             values["malloc_tuning"] = False
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

@@ -10,7 +10,7 @@ use it without pulling in a backend.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from twinkle.errors import InvalidArgumentError
@@ -21,15 +21,29 @@ from twinkle_client.model.adam import AdamParams
 class Capabilities:
     """What a backend can do beyond the common surface of :class:`TrainingModel`.
 
+    Callers ask these (``capabilities_of(model).adapter_paging``) instead of probing a model's
+    type or attributes. Two declarations are equal when their fused steps are (what the
+    scheduler groups tenants' calls by); the adapter capabilities are read one by one.
+
     Attributes:
         fused_forward_backward: ``forward_backward_many``: several tenants' micro-batches in ONE
             pass through the base model.
         batched_optimizer_step: ``clip_grad_and_step_many``: several tenants' optimizer steps
             with shared multi-tensor kernels.
+        adapter_paging: ``enable_paging``: more adapters than fit on the device, idle ones
+            paged out to host memory or disk.
+        adapter_state_io: ``adapter_state_dict``, ``load_adapter_state_dict`` and
+            ``adapter_peft_config``: an adapter's weights handed over or replaced in memory,
+            with no checkpoint on disk.
+        local_tenants: ``tenant(adapter_name)``: the adapter's live
+            :class:`~twinkle.model.tenant.Tenant` (its step count, ...) is in this process.
     """
 
     fused_forward_backward: bool = False
     batched_optimizer_step: bool = False
+    adapter_paging: bool = field(default=False, compare=False)
+    adapter_state_io: bool = field(default=False, compare=False)
+    local_tenants: bool = field(default=False, compare=False)
 
 
 def adam_params(params: AdamParams | Mapping[str, Any] | None) -> AdamParams:

@@ -13,7 +13,12 @@ from twinkle_client.types import TrainConfigs  # one type: what the client gets,
 
 @dataclass
 class Tenant:
-    """Mutable per-tenant state. Nothing in here is shared with any other tenant."""
+    """Mutable per-tenant state. Nothing in here is shared with any other tenant.
+
+    ``name`` is the key the model holds the adapter under; a server makes it an internal id
+    that no tenant reads, and gives the tenant's own name as ``display_name``, which every
+    message about the tenant shows (:attr:`label`).
+    """
 
     name: str
     spec: AdapterSpec | None
@@ -41,6 +46,12 @@ class Tenant:
     attached_metrics: AttachedMetrics = field(default_factory=AttachedMetrics)
     # One point per optimizer step (get_training_history), bounded like the server's record.
     history: TrainingHistoryRecorder = field(default_factory=TrainingHistoryRecorder)
+    display_name: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The name messages about this tenant show: its own name, else the model's key."""
+        return self.display_name or self.name
 
     def lr(self) -> float | None:
         if self.optimizer is None:

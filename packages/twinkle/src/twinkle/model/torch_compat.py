@@ -5,7 +5,7 @@ registries, tensor version counters) are what make the multi-tenant step cheap, 
 change between releases. Each is looked up once, here, when this module is imported; when one is
 missing, the fallback gives the same results on the public API (slower, or more conservative:
 a hook registry that cannot be read counts as "hooks present", which disables a fast path and
-never skips a hook). ``tests/model/test_torch_compat.py`` checks each fallback against torch's.
+never skips a hook). ``tests/twinkle/model/test_torch_compat.py`` checks each fallback against torch's.
 """
 
 from __future__ import annotations

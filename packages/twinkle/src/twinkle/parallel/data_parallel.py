@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from twinkle.env import TWINKLE_OUTPUT_DIR
 from twinkle.errors import InvalidArgumentError, StateOrderError, UnknownAdapterError
 from twinkle.loss.registry import loss_class
 from twinkle.model.metrics import Metric
@@ -64,7 +65,9 @@ class DataParallelModel:
     """
 
     # Fused passes run on every replica; optimizer steps run per tenant (each checked by checksum).
-    capabilities = Capabilities(fused_forward_backward=True)
+    # Adapters live in the worker processes: rank 0's state is handed over, a new one broadcast;
+    # no paging, and no tenant in this process.
+    capabilities = Capabilities(fused_forward_backward=True, adapter_state_io=True)
 
     def __init__(
         self,
@@ -518,9 +521,7 @@ class DataParallelModel:
         """Rank 0 writes the checkpoint (all ranks hold the same state); returns its path."""
         adapter = self._adapter(adapter_name)
         output_dir = Path(
-            output_dir
-            if output_dir is not None
-            else Path(os.environ.get("TWINKLE_OUTPUT_DIR", "output")) / adapter.name
+            output_dir if output_dir is not None else Path(TWINKLE_OUTPUT_DIR.get()) / adapter.name
         ).absolute()
         (path,) = self.replicas.call(
             "call",

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from twinkle.errors import DeviceMeshError
+
 ACCELERATORS = ("cuda", "npu")
 DEVICE_TYPES = ("cuda", "npu", "cpu")
-
-
-class DeviceMeshError(ValueError):
-    """A device mesh that does not fit its device group, or an inconsistent mesh."""
 
 
 def _device_type(value: str) -> str:

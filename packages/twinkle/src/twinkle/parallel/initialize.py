@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from twinkle._logging import get_logger
+from twinkle.env import RAY_USAGE_STATS_ENABLED, TWINKLE_SERVER_CONFIG
 from twinkle.parallel.device import DeviceGroup, DeviceMeshError
 
 logger = get_logger(__name__)
@@ -161,7 +162,7 @@ def connect_ray(
     ``initialised`` False when this process was already connected."""
     import ray
 
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault(RAY_USAGE_STATS_ENABLED.name, "0")
     if ray.is_initialized():
         return ray.get_runtime_context().gcs_address, False
     if address is not None:
@@ -240,7 +241,7 @@ def load_server_config(config: Any, groups: dict[str, DeviceGroup] | None = None
         return config
     if isinstance(config, dict):
         return parse_config(config)
-    if config is None and not os.environ.get(CONFIG_ENV):
+    if config is None and not TWINKLE_SERVER_CONFIG.is_set():
         if groups:
             from twinkle.server.config.from_groups import config_from_groups
 

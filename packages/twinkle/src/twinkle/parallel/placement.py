@@ -12,6 +12,8 @@ import math
 import os
 from typing import Any
 
+from twinkle.env import CUDA_VISIBLE_DEVICES
+
 logger = logging.getLogger(__name__)
 
 PLACEMENT_TIMEOUT_S = 120.0
@@ -28,7 +30,7 @@ def compute_device(device_type: str) -> str:
     logger.warning(
         "device_type 'cuda' but no CUDA device is visible here (CUDA_VISIBLE_DEVICES=%r): "
         "computing on the CPU; the GPU placement still holds",
-        os.environ.get("CUDA_VISIBLE_DEVICES"),
+        CUDA_VISIBLE_DEVICES.get(),
     )
     return "cpu"
 
@@ -45,7 +47,7 @@ def placement_report(device: str | None = None) -> dict[str, Any]:
     """This process's place: Ray node id, assigned resources, ``CUDA_VISIBLE_DEVICES``, pid."""
     report: dict[str, Any] = {
         "pid": os.getpid(),
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "cuda_visible_devices": CUDA_VISIBLE_DEVICES.get(),
         "node_id": None,
         "resources": {},
     }

@@ -5,19 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from twinkle.errors import MissingFieldError
 from twinkle.preprocessor._rows import OneRow, columns_to_rows
-
-
-class MissingFieldError(ValueError):
-    """A row lacks a field its preprocessor needs.
-
-    Attributes:
-        field: The missing field's name.
-    """
-
-    def __init__(self, field: str, message: str | None = None) -> None:
-        super().__init__(message or f"missing field {field!r}")
-        self.field = field
 
 
 class Preprocessor:

@@ -11,6 +11,7 @@ import numpy as np
 
 from twinkle.data_format import Trajectory
 from twinkle.errors import ArgumentTypeError, InvalidArgumentError, UnknownAdapterError
+from twinkle.model.protocol import capabilities_of
 from twinkle.sampler.types import SampleResponse, SamplingParams
 from twinkle_client.sampler.types import input_fields, use_logprob_pairs
 
@@ -55,9 +56,13 @@ class Sampler(ABC):
         supports_extra_logprobs: Whether the backend serves ``topk_prompt_logprobs``,
             ``prompt_logprobs_last_n``, ``prompt_alt_tokens_k`` and ``target_prompt_token_ids``;
             others refuse them instead of ignoring them. Every backend serves ``topk_logprobs``.
+        live_adapters: Whether ``self.adapters`` holds adapters published from memory
+            (``put_state``, ``has_state``, ``drop_state``): what the server's inflight sampling
+            needs.
     """
 
     supports_extra_logprobs: bool = False
+    live_adapters: bool = False
 
     def __init__(self, model_id: str, max_length: int | None = None) -> None:
         self.model_id = model_id
@@ -101,9 +106,8 @@ class Sampler(ABC):
             InvalidArgumentError: The sampler or the model cannot hand adapters over in memory
                 (the torch sampler and the transformers model can), or the adapter does not fit.
         """
-        if not all(
-            hasattr(model, m) for m in ("adapter_state_dict", "adapter_peft_config", "tenant")
-        ):
+        capabilities = capabilities_of(model)
+        if not (capabilities.adapter_state_io and capabilities.local_tenants):
             raise InvalidArgumentError(
                 f"model: {type(model).__name__} cannot hand its adapter over in memory; "
                 "MultiLoraTransformersModel can (or save() and sample with the path)"

@@ -162,7 +162,7 @@ class MockSampler(Sampler):
 
 def _vocab_size(model_id: str) -> int:
     """The vocabulary of ``model_id`` (an image-text model's text vocabulary), else 256."""
-    from twinkle.model.mock._model import model_vocab_size
+    from twinkle.model.mock import model_vocab_size
 
     return model_vocab_size(model_id)
 

@@ -11,11 +11,14 @@ import torch
 
 from twinkle.errors import InvalidArgumentError
 from twinkle.model.lora import LoraRouter, RowRoute
+from twinkle.model.memory import release_above
 from twinkle.model.options import ExecutionOptions, resolve_options
+from twinkle.model.step.plan import memory_limit_bytes
 from twinkle.sampler._adapter_pool import AdapterPool
 from twinkle.sampler._decoding import choose_tokens, row_seeds
 from twinkle.sampler._generation import DecodeBatch
 from twinkle.sampler._images import batch_images
+from twinkle.sampler._memory import DecodeShape, fit_row_groups
 from twinkle.sampler._prompt_scores import (
     PromptScores,
     blank_before_last_n,
@@ -43,11 +46,14 @@ class TorchSampler(Sampler):
         device: Torch device; CUDA when available unless given.
         torch_dtype: Weights dtype (float32 on CPU, bfloat16 on CUDA by default).
         options: Execution options (``ExecutionOptions`` or a mapping of its fields); the
-            sampler uses ``lora_kernel``.
+            sampler uses ``lora_kernel``, ``linear_logprobs``, ``linear_chunk_bytes`` and
+            ``memory_budget_mb`` (rows that would not fit decode in groups that do; a row that
+            cannot fit alone is refused with the tokens that fit).
         max_length: Most tokens of prompt and completion together (see ``Sampler``).
     """
 
     supports_extra_logprobs = True
+    live_adapters = True
 
     def __init__(
         self,
@@ -125,14 +131,20 @@ class TorchSampler(Sampler):
         # Rows with the same adapter sit together, so each adapter is one contiguous route.
         order = sorted(range(len(row_prompts)), key=lambda r: (row_adapters[r] or "", r))
         row_images = [p for p in prompts for _ in range(n)]
-        sequences, prompt_lps, prompt_scores = self._decode(
-            [row_prompts[r] for r in order],
-            [row_adapters[r] for r in order],
-            [seeds[r] for r in order],
-            params,
-            [row_images[r] for r in order],
-        )
-        by_row = dict(zip(order, zip(sequences, prompt_lps, prompt_scores)))
+        by_row = {}
+        # Rows that would not fit the memory budget as one batch decode in consecutive groups
+        # that do; a row that cannot fit alone is refused here, before any work.
+        for group in self._row_groups([len(row_prompts[r]) for r in order], order, params, n):
+            rows = [order[g] for g in group]
+            sequences, prompt_lps, prompt_scores = self._decode(
+                [row_prompts[r] for r in rows],
+                [row_adapters[r] for r in rows],
+                [seeds[r] for r in rows],
+                params,
+                [row_images[r] for r in rows],
+            )
+            by_row.update(zip(rows, zip(sequences, prompt_lps, prompt_scores)))
+        release_above(self.options.memory_budget_mb)
         response = SampleResponse()
         for i, prompt in enumerate(prompts):
             rows = [by_row[i * n + k] for k in range(n)]
@@ -152,6 +164,25 @@ class TorchSampler(Sampler):
                 )
             )
         return response
+
+    def _row_groups(
+        self, lengths: list[int], order: list[int], params: SamplingParams, n: int
+    ) -> list[range]:
+        """Groups of consecutive rows in decode order (``order``: each one's row, ``lengths``:
+        its prompt tokens; ``n`` rows per prompt) that each fit the memory limit."""
+        want_scores = wants_prompt_scores(params)
+        want_prompt = params.prompt_logprobs or params.max_tokens == 0 or want_scores
+        head = self._linear_head() if want_prompt and not want_scores else None
+        budget = self.options.memory_budget_mb
+        return fit_row_groups(
+            DecodeShape.of(self.model),
+            lengths,
+            params.max_tokens,
+            memory_limit_bytes(self.device, budget),
+            prompt_logits=want_prompt and head is None,
+            budget_mb=budget,
+            row_label=lambda i: f"inputs[{order[i] // n}]",
+        )
 
     def _decode(
         self,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import io
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from twinkle.data_format import ImagePart
+from twinkle.env import TWINKLE_TRUST_REMOTE_CODE
 
 VISION_START = "<|vision_start|>"
 VISION_END = "<|vision_end|>"
@@ -41,7 +41,7 @@ def _image_processor_from_dir(model_dir: Path):
         return None
     from transformers import AutoImageProcessor
 
-    trust = os.environ.get("TWINKLE_TRUST_REMOTE_CODE", "0").strip().lower() in ("1", "true")
+    trust = TWINKLE_TRUST_REMOTE_CODE.get()
     try:
         # The PIL backend needs no torchvision; the tensors it makes are the same.
         return AutoImageProcessor.from_pretrained(model_dir, trust_remote_code=trust, backend="pil")

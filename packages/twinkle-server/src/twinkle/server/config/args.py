@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import typing
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, create_model, model_validator
 
+from twinkle.model.options import ExecutionOptions
 from twinkle.server.config import _upstream
 from twinkle.server.config._base import StrictModel, fail, raise_if
 from twinkle.server.config.devices import DeviceGroup, DeviceMesh, placement_problems
@@ -27,48 +30,61 @@ def base_model_name(model_id: str) -> str:
     return served_model_name(model_id)
 
 
-class ExecutionConfig(StrictModel):
-    """The ``execution:`` block of a model or sampler: ``twinkle.model.ExecutionOptions``.
+#: What a server replica does where the block leaves a field out, beyond the library's
+#: docstring of the field (``ExecutionOptions``).
+_SERVER_DEFAULTS = {
+    "cpu_threads": "torch CPU threads of each replica. Default: OMP_NUM_THREADS where the "
+    "deployment's runtime_env sets it, else every core the replica may run on (Ray would give "
+    "a replica with fractional num_cpus one thread).",
+    "max_pass_tokens": "Most padded tokens one fused training pass holds (default: the "
+    "device's; 0: no limit).",
+    "activation_recompute": "Decoder-layer recompute in training passes (auto: only where a "
+    "pass would not fit).",
+    "memory_budget_mb": "Most memory (MiB) a model replica may hold: weights, tenants' states "
+    "and a pass's activations. A batch over it runs as row chunks or is refused before any "
+    "work. Default: the replica's Ray memory resource when given, else on a CPU node an equal "
+    "share of the node's memory among the config's model replicas "
+    "(twinkle.server.placement.memory_budget_mb), on a GPU the device's free memory.",
+}
 
-    The dataclass declares the options (their meaning is documented there); this block has the
-    same fields in the same order, each optional, with the YAML's bounds.
-    ``tests/packaging/test_execution_options.py`` fails when the two lists (or the table of
-    docs/server_config.md) disagree. Every field left out keeps the library default (or the
-    environment's, read once when the replica builds its model). None of them changes results
-    beyond summation order.
-    """
 
-    lora_kernel: Literal["auto", "torch", "triton"] | None = None
-    direct_weight_grads: bool | None = None
-    small_gemm_one_thread: bool | None = None
-    small_tensor_elements: int | None = Field(default=None, ge=1)
-    logprob_chunk_bytes: int | None = Field(default=None, ge=1)
-    fused_adam: bool | None = None
-    malloc_tuning: bool | None = None
-    cpu_threads: int | None = Field(default=None, ge=1)
-    """torch CPU threads of each replica. Default: ``OMP_NUM_THREADS`` where the deployment's
-    ``runtime_env`` sets it, else every core the replica may run on (Ray would give a replica with
-    fractional ``num_cpus`` one thread)."""
-    max_pass_tokens: int | None = Field(default=None, ge=0)
-    """Most padded tokens one fused training pass holds (default: the device's; 0: no limit)."""
-    split_batches: bool | None = None
-    lean_activations: bool | None = None
-    linear_logprobs: bool | None = None
-    linear_chunk_bytes: int | None = Field(default=None, ge=1)
-    activation_recompute: Literal["off", "auto", "on"] | None = None
-    """Decoder-layer recompute in training passes (``auto``: only where a pass would not fit)."""
-    memory_budget_mb: int | None = Field(default=None, ge=1)
-    """Most memory (MiB) a model replica may hold: weights, tenants' states and a pass's
-    activations. A batch over it runs as row chunks or is refused before any work. Default: the
-    replica's Ray ``memory`` resource when given, else on a CPU node an equal share of the node's
-    memory among the config's model replicas (:func:`twinkle.server.placement.memory_budget_mb`),
-    on a GPU the device's free memory."""
+class _ExecutionBlock(StrictModel):
+    """What :data:`ExecutionConfig` adds to its fields."""
 
-    def options(self) -> Any:
+    def options(self) -> ExecutionOptions:
         """The ``ExecutionOptions`` these settings give (unset fields: defaults)."""
-        from twinkle.model.options import ExecutionOptions
-
         return ExecutionOptions.from_env(**self.model_dump(exclude_none=True))
+
+
+def _execution_config() -> type[_ExecutionBlock]:
+    """The ``execution:`` block, derived from ``ExecutionOptions``: each of its fields, in its
+    order, of its type made optional (``None``: the library's default, or the environment's,
+    read once when the replica builds its model), with its bounds."""
+    hints = typing.get_type_hints(ExecutionOptions)
+    fields: dict[str, Any] = {
+        option.name: (
+            hints[option.name] | None,
+            Field(default=None, description=_SERVER_DEFAULTS.get(option.name), **option.metadata),
+        )
+        for option in dataclasses.fields(ExecutionOptions)
+    }
+    return create_model(
+        "ExecutionConfig",
+        __base__=_ExecutionBlock,
+        __module__=__name__,
+        __doc__=(
+            "The ``execution:`` block of a model or sampler: ``twinkle.model.ExecutionOptions``, "
+            "every field optional. None of them changes results beyond summation order."
+        ),
+        **fields,
+    )
+
+
+#: The ``execution:`` block of a model or sampler application. ``ExecutionOptions`` declares the
+#: options (their meaning is documented there); this model is derived from it, so the two
+#: cannot disagree (``tests/packaging/test_execution_options.py`` also checks the table of
+#: docs/server_config.md).
+ExecutionConfig = _execution_config()
 
 
 def _migrate_cpu_threads(kind: str, data: dict) -> None:

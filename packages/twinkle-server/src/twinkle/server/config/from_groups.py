@@ -14,23 +14,23 @@ the seed's ``Qwen/Qwen3.5-4B``; any model id works: ``tiny://qwen3.5`` on a lapt
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from twinkle.server.config.args import base_model_name
 from twinkle.server.config.loading import parse_config
 from twinkle.server.config.server import ServerConfig
+from twinkle.server.env import TWINKLE_BASE_MODEL
 
-BASE_MODEL_ENV = "TWINKLE_BASE_MODEL"
-DEFAULT_BASE_MODEL = "ms://Qwen/Qwen3.5-4B"
+BASE_MODEL_ENV = TWINKLE_BASE_MODEL.name
+DEFAULT_BASE_MODEL = TWINKLE_BASE_MODEL.default
 MODEL_ROLES = ("model",)
 SAMPLER_ROLES = ("sampler",)
 PROCESSOR_ROLES = ("utility", "processor", "cpu")
 
 
-def _model_id(environ: Mapping[str, str]) -> str:
-    given = environ.get(BASE_MODEL_ENV, "").strip() or DEFAULT_BASE_MODEL
+def _model_id(environ: Mapping[str, str] | None) -> str:
+    given = TWINKLE_BASE_MODEL.get(environ).strip() or DEFAULT_BASE_MODEL
     return given if "://" in given or given.startswith(("/", ".", "~")) else f"ms://{given}"
 
 
@@ -62,7 +62,7 @@ def config_from_groups(
 
     Args:
         groups: Device groups; the ``model`` one is required.
-        environ: Where ``TWINKLE_BASE_MODEL`` is read (default ``os.environ``).
+        environ: Where ``TWINKLE_BASE_MODEL`` is read (default: this process's environment).
         **top_level: Further top-level config sections (``http_options``, ``auth``, ...).
 
     Raises:
@@ -70,7 +70,6 @@ def config_from_groups(
     """
     from twinkle.server.config._errors import ConfigError
 
-    environ = os.environ if environ is None else environ
     by_name = {g.name: g for g in groups}
     model_group = next((by_name[n] for n in MODEL_ROLES if n in by_name), None)
     if model_group is None:

@@ -12,8 +12,9 @@ from pydantic import ValidationError
 
 from twinkle.server.config._errors import ConfigError
 from twinkle.server.config.server import ServerConfig
+from twinkle.server.env import TWINKLE_SERVER_CONFIG
 
-CONFIG_ENV = "TWINKLE_SERVER_CONFIG"
+CONFIG_ENV = TWINKLE_SERVER_CONFIG.name
 MASK = "***"
 
 
@@ -38,7 +39,7 @@ def config_path(path: str | os.PathLike | None = None) -> Path:
     Raises:
         ConfigError: neither is given.
     """
-    chosen = path if path is not None else os.environ.get(CONFIG_ENV)
+    chosen = path if path is not None else TWINKLE_SERVER_CONFIG.get()
     if not chosen:
         raise ConfigError([f"<root>: no config file: pass a path or set {CONFIG_ENV}"])
     return Path(chosen).expanduser()

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from twinkle.env import environ as process_environ
 from twinkle.server.config import _upstream
 from twinkle.server.config._base import StrictModel, fail, raise_if
 from twinkle.server.config.args import (
@@ -113,8 +113,13 @@ class AuthConfig(StrictModel):
         default=False,
         description="accept requests without a key as tenant 'anonymous' (local development only)",
     )
+    admin_api_key_sha256: list[str] = Field(
+        default_factory=list,
+        description="hex sha256 digests of the keys that see the console's operator view "
+        "(each must also be an accepted key)",
+    )
 
-    @field_validator("api_key_sha256", "api_keys_file_sha256")
+    @field_validator("api_key_sha256", "api_keys_file_sha256", "admin_api_key_sha256")
     @classmethod
     def _hex_digests(cls, value: list[str]) -> list[str]:
         for digest in value:
@@ -178,7 +183,7 @@ class AuthConfig(StrictModel):
             ConfigError: ``api_keys_file`` is set but cannot be read.
         """
         keys = list(self.api_keys) + self.file_api_keys()
-        environ = os.environ if environ is None else environ
+        environ = process_environ() if environ is None else environ
         keys += [k.strip() for k in environ.get(self.api_keys_env, "").split(",") if k.strip()]
         return list(dict.fromkeys(keys))
 

@@ -9,6 +9,7 @@ import time
 from fastapi import FastAPI
 
 from twinkle.model.checkpoint import sweep_partial_saves
+from twinkle.server.console import create_console_router
 from twinkle.server.context import ServerContext
 from twinkle.server.export import create_export_router
 from twinkle.server.gateway.backends import Backends, unload_session_adapters
@@ -17,7 +18,7 @@ from twinkle.server.gateway.routes_common import create_common_router, delete_in
 from twinkle.server.gateway.routes_live_adapter import create_live_adapter_router
 from twinkle.server.openapi_bodies import document_bodies, gateway_bodies
 from twinkle.server.threads import off_loop
-from twinkle.server.tinker.routes import create_tinker_router
+from twinkle.server.tinker.routers import create_tinker_router
 from twinkle.server.web import install_error_handlers
 
 logger = logging.getLogger("twinkle.server.gateway")
@@ -35,6 +36,7 @@ def create_gateway_app(ctx: ServerContext, backends: Backends) -> FastAPI:
     app.include_router(create_export_router(ctx))
     app.include_router(create_openai_router(ctx, backends))
     app.include_router(create_tinker_router(ctx, backends))
+    app.include_router(create_console_router(ctx, backends))
     app.state.twinkle = ctx
     return app
 

@@ -11,6 +11,8 @@ Mounted on the gateway at ``/openai/v1`` (so ``base_url=<server>/api/v1/openai/v
   ``sampler.load_adapter_from_model`` or a Tinker inflight save handed the sampler, under the
   caller's key.
 
+``GET /models`` lists the base models, then the caller's live adapters and checkpoints on them.
+
 Every request goes to the base model's sampler deployment as one ``sample`` call, with the same
 key, limits and queue as the native sampler. Chat messages go as a trajectory, rendered by the
 sampler with the caller's template (``set_template``) or the model's default one, exactly as for
@@ -150,12 +152,15 @@ class OpenAIService:
             raise OpenAIError(400, "inflight:// needs an adapter name", "model")
         return Target(base, INFLIGHT + rest)
 
-    def list_models(self, owner: str) -> dict[str, Any]:
-        """The base models with a sampler, then the caller's checkpoints on them."""
+    async def list_models(self, owner: str) -> dict[str, Any]:
+        """The base models with a sampler, the caller's live adapters on them, then the
+        caller's checkpoints on them."""
         data = [
             {"id": name, "object": "model", "created": 0, "owned_by": "twinkle"}
             for name in self.backends.samplers
         ]
+        for uri, base in await self.live_adapters(owner):
+            data.append(self._checkpoint_model(uri, 0, base))
         runs, _ = self.state.list_runs(owner, limit=1000)
         for run in runs:
             if run.base_model not in self.backends.samplers:
@@ -164,6 +169,22 @@ class OpenAIService:
                 if not ckpt.ephemeral:
                     data.append(self._checkpoint_model(ckpt.path, ckpt.time, run.base_model))
         return {"object": "list", "data": data}
+
+    async def live_adapters(self, owner: str) -> list[tuple[str, str]]:
+        """``(model id, base model)`` of the caller's live adapters on every sampler; named
+        ``inflight://<base_model>/<name>`` when the server samples several base models."""
+        several = len(self.backends.samplers) > 1
+        found = []
+        for base, sampler in self.backends.samplers.items():
+            try:
+                uris = (await sampler.call(owner, "live_adapters", {}))["adapter_uris"]
+            except ServiceError as exc:
+                if exc.status != 404:  # a sampler without the operation holds none to list
+                    raise
+                continue
+            for uri in uris:
+                found.append((f"{INFLIGHT}{base}/{uri[len(INFLIGHT) :]}" if several else uri, base))
+        return found
 
     def get_model(self, owner: str, model: str) -> dict[str, Any]:
         target = self.resolve(owner, model)
@@ -349,7 +370,7 @@ def create_openai_router(ctx: ServerContext, backends: Backends) -> APIRouter:
 
     @router.get("/models")
     async def list_models(request: Request):
-        return await _guarded(lambda: _now(service.list_models, owner_of(request)))
+        return await _guarded(lambda: service.list_models(owner_of(request)))
 
     @router.get("/models/{model:path}")
     async def get_model(model: str, request: Request):

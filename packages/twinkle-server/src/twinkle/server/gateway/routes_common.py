@@ -163,8 +163,9 @@ def create_common_router(ctx: ServerContext, backends: Backends) -> APIRouter:
         offset: int = Query(0, ge=0),
         all_users: bool = Query(False),
     ) -> dict:
-        # There are no administrator keys: ``all_users`` (ModelScope Twinkle's flag) answers the
-        # caller's own runs, as without it; ``scope`` says so.
+        # No key lists another key's runs (operator keys see tenants' counts in the console
+        # only): ``all_users`` (ModelScope Twinkle's flag) answers the caller's own runs, as
+        # without it; ``scope`` says so.
         owner = ctx.authenticate(request.headers)
         runs, total = state.list_runs(owner, limit=limit, offset=offset)
         return {

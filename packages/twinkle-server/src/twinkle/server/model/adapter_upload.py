@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from twinkle.errors import InvalidArgumentError
 from twinkle.model.checkpoint import ADAPTER_CONFIG, ADAPTER_WEIGHTS, atomic_directory
+from twinkle.model.protocol import capabilities_of
 from twinkle.server.errors import BadRequest
 from twinkle.server.model import protocol as p
 from twinkle.server.model.host import ModelHost
@@ -40,7 +41,8 @@ def upload_adapter(service: ModelHost, call: Call, request: p.UploadAdapter) -> 
     entry = service.entry(call)
     name = validate_checkpoint_name(request.name)
     model = service.model
-    if not all(hasattr(model, m) for m in ("adapter_state_dict", "load_adapter_state_dict")):
+    capabilities = capabilities_of(model)
+    if not capabilities.adapter_state_io:
         raise BadRequest(f"the {type(model).__name__} backend does not accept uploaded adapters")
     raw = _decode_files(request.files)
     config = _parse_config(raw[ADAPTER_CONFIG])

@@ -15,9 +15,9 @@ from twinkle.server.model.app import create_model_app
 from twinkle.server.model.backend import create_backend
 from twinkle.server.model.live_adapter import live_adapter_operations
 from twinkle.server.model.operations import native_operations
-from twinkle.server.model.ratelimit import RateLimiter
 from twinkle.server.model.registry import StateRunRegistry
 from twinkle.server.model.service import ModelService
+from twinkle.server.model.tinker_ops import tinker_operations
 from twinkle.server.placement import (
     megatron_rank_options,
     megatron_world,
@@ -25,9 +25,9 @@ from twinkle.server.placement import (
     placement_of,
     worker_options,
 )
+from twinkle.server.ratelimit import RateLimiter
 from twinkle.server.telemetry import ModelTaskMetrics, serve_traced, setup_telemetry
 from twinkle.server.threads import build_on_model_thread, cpu_threads
-from twinkle.server.tinker.model_ops import tinker_operations
 from twinkle.server.web import StartOnFirstRequest
 
 

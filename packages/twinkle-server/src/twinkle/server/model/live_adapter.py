@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from twinkle.model.protocol import capabilities_of
 from twinkle.server.errors import BadRequest
 from twinkle.server.model.protocol import Call, Empty, Operation, OperationTable
 
@@ -18,11 +19,12 @@ from twinkle.server.model.protocol import Call, Empty, Operation, OperationTable
 def adapter_tensors(service: Any, call: Call, request: Empty) -> dict[str, Any]:
     """The live adapter of ``call``: its PEFT config, its weights (CPU tensors) and its step."""
     model = service.model
-    if not hasattr(model, "adapter_state_dict"):
+    capabilities = capabilities_of(model)
+    if not capabilities.adapter_state_io:
         raise BadRequest("sampling from the live adapter needs the transformers backend")
     # A tensor-parallel megatron model keeps its tenants in its rank processes (no ``tenant``
     # here, so no step to read); rank 0 holds every adapter whole.
-    step = int(model.tenant(call.internal).cur_step) if hasattr(model, "tenant") else None
+    step = int(model.tenant(call.internal).cur_step) if capabilities.local_tenants else None
     import torch
 
     # CPU tensors: the sampler reads them on its own thread while this model trains on (the

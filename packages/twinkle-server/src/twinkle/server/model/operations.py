@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -119,7 +118,9 @@ def add_adapter_to_model(service: ModelHost, call: Call, request: p.AddAdapter):
     tinker_run = request.training_run_id is not None
     if tinker_run and config.get("seed") is not None:
         kwargs["seed"] = int(config.pop("seed"))
-    service.model.add_adapter_to_model(call.internal, config, **kwargs)
+    # The model holds the adapter under the private internal id; its messages show the
+    # tenant's own name.
+    service.model.add_adapter_to_model(call.internal, config, display_name=call.name, **kwargs)
     try:
         if tinker_run:
             service.model.set_optimizer(
@@ -356,9 +357,9 @@ def upload_status(service: ModelHost, call: Call, request: p.UploadStatus):
 
 
 def _hub_endpoint(configured: str | None) -> str:
-    from twinkle.hub.upload import ENDPOINT_ENV
+    from twinkle.server.env import MODELSCOPE_ENDPOINT
 
-    return configured or os.environ.get(ENDPOINT_ENV) or DEFAULT_HUB_ENDPOINT
+    return configured or MODELSCOPE_ENDPOINT.get() or DEFAULT_HUB_ENDPOINT
 
 
 def _log_upload(hub_model_id: str, future: Any) -> None:

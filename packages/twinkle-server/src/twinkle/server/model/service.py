@@ -12,9 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from twinkle.errors import WorkerLostError
 from twinkle.hub.upload import UploadTracker
 from twinkle.model.protocol import capabilities_of
-from twinkle.parallel.errors import WorkerLostError
 from twinkle.server.encoding import jsonable
 from twinkle.server.errors import (
     AtCapacity,
@@ -33,9 +33,9 @@ from twinkle.server.model.operations import (
     training_kwargs,
 )
 from twinkle.server.model.protocol import Call, Empty, Operation, OperationTable, Request
-from twinkle.server.model.ratelimit import RateLimiter
 from twinkle.server.model.registry import RunRegistry
 from twinkle.server.model.scheduler import FUSABLE, FairScheduler, Task
+from twinkle.server.ratelimit import RateLimiter
 from twinkle.server.request_ids import new_request_id
 from twinkle.server.state._history import RunHistory
 from twinkle.server.state.paths import validate_id
@@ -101,7 +101,7 @@ class ModelService:
         executor: The single thread that built ``model`` (see
             :func:`~twinkle.server.threads.model_thread`); every call runs on it.
         operations: The operations served (default: the Twinkle-native ones; the deployment
-            adds the Tinker ones, see :func:`twinkle.server.tinker.model_ops.tinker_operations`).
+            adds the Tinker ones, see :func:`twinkle.server.model.tinker_ops.tinker_operations`).
         hub: Hub settings and token rule of ``upload_to_hub`` (default: environment only).
     """
 
@@ -148,11 +148,9 @@ class ModelService:
         # Runs created before this service started live in no process any more (lost).
         self.started_at = clock()
         self.lost_reason = "the model server restarted"  # what took them (the 410's text)
-        # The plain transformers model only: Megatron (a subclass) shards its adapters, and the
-        # data-parallel wrappers hold them in worker processes; paging is not built for either.
-        self.paging = (
-            adapter_paging != "off" and type(model).__name__ == "MultiLoraTransformersModel"
-        )
+        # The backends that page declare it: the transformers model (megatron shards its
+        # adapters, and the data-parallel wrappers hold them in worker processes).
+        self.paging = adapter_paging != "off" and self.capabilities.adapter_paging
         self.max_paged_adapters = max_paged_adapters if self.paging else 0
         # Each run's per-step figures, kept with the run in the state store.
         self.history = RunHistory(getattr(registry, "state", None), model, clock)
@@ -504,7 +502,7 @@ class ModelService:
 
 
 def _worker_lost(exc: BaseException) -> bool:
-    """A data-parallel worker died (the library's ``WorkerLostError``, torch- and Ray-free)."""
+    """A data-parallel worker died (the library's ``WorkerLostError``)."""
     return isinstance(exc, WorkerLostError)
 
 

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from twinkle.server.encoding import jsonable
+from twinkle.server.env import TWINKLE_PROCESSOR_DATA_DIRS
 from twinkle.server.errors import BadRequest, Forbidden, NotFound, from_exception
 
-ALLOWED_DIRS_ENV = "TWINKLE_PROCESSOR_DATA_DIRS"
+ALLOWED_DIRS_ENV = TWINKLE_PROCESSOR_DATA_DIRS.name
 _HUB_SCHEMES = ("builtin://", "ms://", "hf://")
 _META_KEYS = ("dataset_id", "subset_name", "split", "data_slice", "data")
 _SET_TEMPLATE_KEYS = ("template", "model_id", "max_length", "truncation_strategy")
@@ -46,7 +47,7 @@ class ProcessorService:
         self.max_datasets_per_tenant = max_datasets_per_tenant
         self.max_rows_per_request = max_rows_per_request
         if allowed_dirs is None:
-            allowed_dirs = [d for d in os.environ.get(ALLOWED_DIRS_ENV, "").split(os.pathsep) if d]
+            allowed_dirs = [d for d in TWINKLE_PROCESSOR_DATA_DIRS.get().split(os.pathsep) if d]
         self.allowed_dirs = [Path(d).expanduser().resolve() for d in allowed_dirs]
         self._datasets: dict[str, OrderedDict[str, Any]] = {}
         self._lock = threading.Lock()

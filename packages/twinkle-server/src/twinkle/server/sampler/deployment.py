@@ -9,8 +9,8 @@ from ray import serve
 
 from twinkle.server.config import ApplicationConfig, ServerConfig, base_model_name
 from twinkle.server.context import build_context
-from twinkle.server.model.ratelimit import RateLimiter
 from twinkle.server.openapi_bodies import document_bodies, sampler_bodies
+from twinkle.server.ratelimit import RateLimiter
 from twinkle.server.sampler.service import SampleLimits, SamplerService
 from twinkle.server.telemetry import serve_traced, setup_telemetry
 from twinkle.server.threads import build_on_model_thread, cpu_threads
@@ -25,11 +25,15 @@ _SAMPLER_CLASSES = {"torch": "TorchSampler", "vllm": "vLLMSampler", "mock": "Moc
 
 
 def create_sampler(
-    app_config: ApplicationConfig, storage_root, max_length: int | None = None
+    app_config: ApplicationConfig,
+    storage_root,
+    max_length: int | None = None,
+    server_config: ServerConfig | None = None,
 ) -> Any:
     """The sampler for ``sampler_type`` (torch, vllm, mock); with ``device_mesh.dp_size`` N > 1,
     N replicas as Ray actors (``twinkle.parallel.DataParallelSampler``), requests spread over them.
-    ``max_length`` bounds prompt plus completion (:class:`SampleLimits`)."""
+    ``max_length`` bounds prompt plus completion (:class:`SampleLimits`); a torch sampler's
+    memory budget defaults from ``server_config`` (:func:`twinkle.server.placement.memory_budget_mb`)."""
     args = app_config.args
     if args.sampler_type not in _SAMPLER_CLASSES:
         raise ValueError(f"unknown sampler_type {args.sampler_type!r}; use torch, vllm or mock")
@@ -39,7 +43,11 @@ def create_sampler(
     }
     if args.sampler_type == "torch":
         kwargs["max_loras"] = args.max_loras
-        kwargs["options"] = args.execution.options()
+        from twinkle.server.placement import memory_budget_mb
+
+        kwargs["options"] = args.execution.options().replace(
+            memory_budget_mb=memory_budget_mb(app_config, server_config)
+        )
     mesh = args.device_mesh
     if args.sampler_type == "vllm":
         kwargs["engine_args"] = dict(args.engine_args)
@@ -70,12 +78,12 @@ def build_sampler_service(app_config: ApplicationConfig, context) -> SamplerServ
     if args.device_mesh is None or args.device_mesh.dp_size == 1:
         # In-process engine: built on the one thread that will run it (see ``model_thread``).
         sampler, executor = build_on_model_thread(
-            lambda: create_sampler(app_config, root, limits.max_length),
+            lambda: create_sampler(app_config, root, limits.max_length, context.config),
             cpu_threads(app_config) if args.sampler_type != "mock" else None,
             keep_memory=args.sampler_type == "torch" and args.execution.options().malloc_tuning,
         )
     else:
-        sampler = create_sampler(app_config, root, limits.max_length)
+        sampler = create_sampler(app_config, root, limits.max_length, context.config)
 
     def resolve(owner: str, path: str):
         return context.state.resolve_checkpoint_path(owner, path, allow_public=True).local_dir

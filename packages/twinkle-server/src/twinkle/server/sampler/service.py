@@ -11,7 +11,7 @@ from twinkle.sampler.base import check_prompt_lengths
 from twinkle.server.encoding import jsonable
 from twinkle.server.errors import BadRequest, NotFound, from_exception
 from twinkle.server.images import check_request_images
-from twinkle.server.model.ratelimit import RateLimiter
+from twinkle.server.ratelimit import RateLimiter
 from twinkle.server.sampler.protocol import (
     INFLIGHT_SCHEME,
     SampleLimits,
@@ -131,10 +131,12 @@ class SamplerService:
             return await self._publish_adapter(owner, payload)
         if op == "add_adapter_to_sampler":
             return self._declare_adapter(owner, payload)
+        if op == "live_adapters":
+            return {"adapter_uris": self._live_uris(owner)}
         if op != "sample":
             raise NotFound(
                 f"unknown sampler operation {op!r}; known: sample, set_template, "
-                "publish_adapter, add_adapter_to_sampler"
+                "publish_adapter, add_adapter_to_sampler, live_adapters"
             )
         inputs = payload.get("inputs")
         if not isinstance(inputs, list) or not inputs:
@@ -217,11 +219,16 @@ class SamplerService:
             declared.popitem(last=False)
         return {"adapter_name": name, "adapter_uri": uri}
 
+    def _live_pool(self) -> Any:
+        """The sampler's pool of adapters published from memory, or ``None`` where the sampler
+        declares none (``Sampler.live_adapters``; a data-parallel sampler declares nothing)."""
+        return self.sampler.adapters if getattr(self.sampler, "live_adapters", False) else None
+
     async def _publish_adapter(self, owner: str, payload: dict[str, Any]) -> dict[str, Any]:
         """An ``inflight://<model_id>`` adapter of ``owner`` from memory (see
         :mod:`twinkle.server.tinker.inflight`); replaces what that key held."""
-        pool = getattr(self.sampler, "adapters", None)
-        if pool is None or not hasattr(pool, "put_state"):
+        pool = self._live_pool()
+        if pool is None:
             raise BadRequest("this sampler cannot load adapters from memory (inflight sampling)")
         uri = payload.get("adapter_uri")
         if not isinstance(uri, str):
@@ -245,6 +252,16 @@ class SamplerService:
             await loop.run_in_executor(self._executor, pool.drop_state, oldest)
         return {"ok": True}
 
+    def _live_uris(self, owner: str) -> list[str]:
+        """``owner``'s live adapters on this sampler (``inflight://<name>``), oldest first."""
+        pool = self._live_pool()
+        prefix = sampler_key(owner, INFLIGHT_SCHEME)
+        return [
+            INFLIGHT_SCHEME + key[len(prefix) :]
+            for key in self._live.get(owner, ())
+            if pool is not None and pool.has_state(key)
+        ]
+
     def _adapter_dirs(self, owner: str, adapter_uri: Any, count: int) -> list[str | None] | None:
         if adapter_uri is None:
             return None
@@ -265,8 +282,8 @@ class SamplerService:
         name declared with ``add_adapter_to_sampler`` and not published yet; 404 when this key
         has neither under that name (another tenant's name is simply not there)."""
         key = sampler_key(owner, uri)
-        pool = getattr(self.sampler, "adapters", None)
-        published = pool is not None and hasattr(pool, "has_state") and pool.has_state(key)
+        pool = self._live_pool()
+        published = pool is not None and pool.has_state(key)
         if published:
             return key
         if uri in self._declared.get(owner, {}):

@@ -19,10 +19,8 @@ from collections import Counter
 from datetime import date, datetime, timedelta, timezone
 from typing import Any
 
-from fastapi import APIRouter, Request
 from pydantic import TypeAdapter, ValidationError
 
-from twinkle.server.auth import presented_key
 from twinkle.server.errors import BadRequest, Forbidden, Unauthorized
 from twinkle.server.signing import JWT_TTL_S, looks_like_jwt
 from twinkle.server.tinker.api import TinkerApi
@@ -33,111 +31,111 @@ EMPTY_AUDIT_TYPES = ("teams", "organizations")  # no teams or organisations in T
 GIGABYTE = 1e9
 
 
-def admin_routes(router: APIRouter, api: TinkerApi) -> None:
+def audit_log(api: TinkerApi, owner: str, event_type: str, day: str | None) -> dict:
+    """The caller's audit events of ``event_type``, on ``day`` (ISO date) or all."""
+    if event_type not in AUDIT_TYPES and event_type not in EMPTY_AUDIT_TYPES:
+        raise BadRequest(f"unknown event_type {event_type!r}")
+    start = end = None
+    if day is not None:
+        start = datetime.combine(_parse(date, day, "day"), datetime.min.time(), timezone.utc)
+        start, end = start.timestamp(), (start + timedelta(days=1)).timestamp()
+    prefix = AUDIT_TYPES.get(event_type)
+    events = [] if prefix is None else api.state.list_events(owner, start, end)
+    return {"entries": [_entry(owner, e) for e in events if e.event.startswith(prefix or "")]}
+
+
+def billing_usage(api: TinkerApi, owner: str, starting_on: str, ending_before: str) -> dict:
+    """The caller's hourly token and checkpoint-save events in ``[starting_on, ending_before)``."""
+    start = _parse(datetime, starting_on, "starting_on").timestamp()
+    end = _parse(datetime, ending_before, "ending_before").timestamp()
+    if end <= start:
+        raise BadRequest("ending_before must be after starting_on")
     state = api.state
+    data = [_token_event(owner, b) for b in state.usage_buckets(owner, start, end)]
+    saves = Counter(
+        (int(e.timestamp // 3600) * 3600, e.event_details.get("model_id"))
+        for e in state.list_events(owner, start, end)
+        if e.event == "checkpoint_create"
+    )
+    data += [_checkpoint_event(owner, h, run, n) for (h, run), n in sorted(saves.items())]
+    for event in data:
+        event["project_id"] = _project(api, owner, event["session_id"])
+    sessions = {
+        e["session_id"]: {"user_metadata": _metadata(api, owner, e["session_id"])}
+        for e in data
+        if e["session_id"]
+    }
+    data.sort(key=lambda e: (e["bucket_start"], -e["event_info"].get("token_count", 0)))
+    return {"data": data, "sessions": sessions, "cost_data_through": None}
 
-    @router.get("/audit")
-    async def audit_log(request: Request, event_type: str = "all", day: str | None = None) -> dict:
-        owner = api.ctx.authenticate(request.headers)
-        if event_type not in AUDIT_TYPES and event_type not in EMPTY_AUDIT_TYPES:
-            raise BadRequest(f"unknown event_type {event_type!r}")
-        start = end = None
-        if day is not None:
-            start = datetime.combine(_parse(date, day, "day"), datetime.min.time(), timezone.utc)
-            start, end = start.timestamp(), (start + timedelta(days=1)).timestamp()
-        prefix = AUDIT_TYPES.get(event_type)
-        events = [] if prefix is None else state.list_events(owner, start, end)
-        return {"entries": [_entry(owner, e) for e in events if e.event.startswith(prefix or "")]}
 
-    @router.get("/billing/usage/events")
-    async def billing_usage(request: Request, starting_on: str, ending_before: str) -> dict:
-        owner = api.ctx.authenticate(request.headers)
-        start = _parse(datetime, starting_on, "starting_on").timestamp()
-        end = _parse(datetime, ending_before, "ending_before").timestamp()
-        if end <= start:
-            raise BadRequest("ending_before must be after starting_on")
-        data = [_token_event(owner, b) for b in state.usage_buckets(owner, start, end)]
-        saves = Counter(
-            (int(e.timestamp // 3600) * 3600, e.event_details.get("model_id"))
-            for e in state.list_events(owner, start, end)
-            if e.event == "checkpoint_create"
-        )
-        data += [_checkpoint_event(owner, h, run, n) for (h, run), n in sorted(saves.items())]
-        for event in data:
-            event["project_id"] = _project(api, owner, event["session_id"])
-        sessions = {
-            e["session_id"]: {"user_metadata": _metadata(api, owner, e["session_id"])}
-            for e in data
-            if e["session_id"]
-        }
-        data.sort(key=lambda e: (e["bucket_start"], -e["event_info"].get("token_count", 0)))
-        return {"data": data, "sessions": sessions, "cost_data_through": None}
+def checkpoint_storage(api: TinkerApi, owner: str, project_id: str | None) -> dict:
+    """The bytes the caller's checkpoints hold now, per project (or of ``project_id``)."""
+    runs = {r.training_run_id: r for r in api.state.list_runs(owner, limit=1 << 30)[0]}
+    count: Counter[str] = Counter()
+    size: Counter[str] = Counter()
+    for ckpt in api.state.checkpoints_of(owner):
+        run = runs.get(ckpt.training_run_id)
+        project = _project(api, owner, run.session_id if run else None)
+        count[project] += 1
+        size[project] += ckpt.size_bytes or 0
+    return {
+        "effective_rate_usd_per_gigabyte_month": 0.0,
+        "data": [
+            {
+                "project_id": project,
+                "org_user_urn": owner_urn(owner),
+                "checkpoint_count": count[project],
+                "size_bytes": size[project],
+                "size_gigabytes": size[project] / GIGABYTE,
+                "estimated_monthly_cost_usd": 0.0,
+            }
+            for project in sorted(count)
+            if project_id is None or project == project_id
+        ],
+    }
 
-    @router.get("/billing/usage/checkpoints/current")
-    async def checkpoint_storage(request: Request, project_id: str | None = None) -> dict:
-        owner = api.ctx.authenticate(request.headers)
-        runs = {r.training_run_id: r for r in state.list_runs(owner, limit=1 << 30)[0]}
-        count: Counter[str] = Counter()
-        size: Counter[str] = Counter()
-        for ckpt in state.checkpoints_of(owner):
-            run = runs.get(ckpt.training_run_id)
-            project = _project(api, owner, run.session_id if run else None)
-            count[project] += 1
-            size[project] += ckpt.size_bytes or 0
-        return {
-            "effective_rate_usd_per_gigabyte_month": 0.0,
-            "data": [
-                {
-                    "project_id": project,
-                    "org_user_urn": owner_urn(owner),
-                    "checkpoint_count": count[project],
-                    "size_bytes": size[project],
-                    "size_gigabytes": size[project] / GIGABYTE,
-                    "estimated_monthly_cost_usd": 0.0,
-                }
-                for project in sorted(count)
-                if project_id is None or project == project_id
-            ],
-        }
 
-    @router.post("/auth/token")
-    async def auth_token(request: Request) -> dict:
-        owner = api.ctx.authenticate(request.headers)
-        key = presented_key(request.headers) or ""
-        if looks_like_jwt(key):
-            raise Unauthorized("auth/token takes an API key, not a token")
-        return {"jwt": api.ctx.signer.mint_jwt(owner, owner_urn(owner), JWT_TTL_S, key=key)}
+def auth_token(api: TinkerApi, owner: str, key: str) -> dict:
+    """A short-lived JWT for the presented API ``key`` (never for a token)."""
+    if looks_like_jwt(key):
+        raise Unauthorized("auth/token takes an API key, not a token")
+    return {"jwt": api.ctx.signer.mint_jwt(owner, owner_urn(owner), JWT_TTL_S, key=key)}
 
-    @router.get("/auth/apikey/me")
-    async def describe_own_key(request: Request) -> dict:
-        owner = api.ctx.authenticate(request.headers)
-        return {
-            "key_id": int(owner, 16) if _is_hex(owner) else 0,
-            "name": f"twinkle-{owner}",
-            "note": "an API key from this Twinkle server's configuration",
-            "details": {
-                "org_details": {"name": owner},
-                "user_details": {"email": owner_urn(owner)},
-            },
-        }
 
-    @router.delete("/auth/apikey/me")
-    async def delete_own_key(request: Request) -> dict:
-        api.ctx.authenticate(request.headers)
-        raise Forbidden(
-            "API keys are set by the server's configuration (auth.api_keys, auth.api_keys_file, "
-            "TWINKLE_SERVER_API_KEYS); ask the operator to remove this key"
-        )
+def describe_key(owner: str) -> dict:
+    """``auth/apikey/me``: the presented key, as the SDK's ``tinker auth login`` reads it."""
+    return {
+        "key_id": int(owner, 16) if _is_hex(owner) else 0,
+        "name": f"twinkle-{owner}",
+        "note": "an API key from this Twinkle server's configuration",
+        "details": {
+            "org_details": {"name": owner},
+            "user_details": {"email": owner_urn(owner)},
+        },
+    }
+
+
+def delete_key() -> None:
+    """``DELETE auth/apikey/me``: refused, keys are the server's configuration, not the caller's."""
+    raise Forbidden(
+        "API keys are set by the server's configuration (auth.api_keys, auth.api_keys_file, "
+        "TWINKLE_SERVER_API_KEYS); ask the operator to remove this key"
+    )
 
 
 def count_sample_usage(
-    state: Any, owner: str, base_model: str, body: dict, prompt: list[int], sequences: list[dict]
+    state: Any,
+    owner: str,
+    base_model: str,
+    sampling_session_id: str | None,
+    prompt: list[int],
+    sequences: list[dict],
 ) -> None:
     """Count one ``asample``'s prompt tokens and sampled tokens (in memory; see ActivityMixin)."""
     session_id = None
-    sid = body.get("sampling_session_id")
-    if isinstance(sid, str) and ":sample:" in sid:
-        session_id = sid.split(":sample:")[0]
+    if sampling_session_id and ":sample:" in sampling_session_id:
+        session_id = sampling_session_id.split(":sample:")[0]
     sampled = sum(len(seq.get("tokens") or []) for seq in sequences)
     state.count_usage(owner, "sampling_prefill", len(prompt), base_model, session_id)
     state.count_usage(owner, "sampling_sample", sampled, base_model, session_id)

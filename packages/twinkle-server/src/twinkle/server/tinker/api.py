@@ -1,4 +1,8 @@
-"""State and helpers shared by the Tinker routes: the per-server ``TinkerApi`` object."""
+"""The Tinker service's shared state and its sequenced-call path: the per-server ``TinkerApi``.
+
+Plain Python over the server context and the backends (no web types): the handlers of
+:mod:`.routers` hand it the caller and the SDK's request objects.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import Request
-
 from twinkle.server.context import ServerContext
-from twinkle.server.errors import BadRequest, PayloadTooLarge
+from twinkle.server.errors import BadRequest
 from twinkle.server.gateway.backends import Backends
 from twinkle.server.tinker.futures import TinkerFutures, body_digest
 from twinkle.server.tinker.models import checkpoint_facts
-from twinkle.server.web import read_json
 
 LONG_POLL_S = 25.0
 EPHEMERAL_TTL_S = 24 * 3600.0
@@ -32,13 +33,12 @@ CLIENT_CONFIG = {
 
 @dataclass
 class SequencedCall:
-    """A JSON Tinker call that carries ``model_id`` and ``seq_id`` (ordered, deduplicated)."""
+    """A Tinker call that carries ``model_id`` and ``seq_id`` (ordered, deduplicated)."""
 
     kind: str
     owner: str
-    body: dict[str, Any]
     model_id: str | None
-    seq_id: Any
+    seq_id: int | None
     keys: list[tuple]
     existing: str | None  # request id of an earlier identical submission
 
@@ -52,29 +52,24 @@ class TinkerApi:
         self.max_bytes = ctx.server_args.max_request_bytes
 
     # -- helpers -------------------------------------------------------------------------------
-    def run_of(self, owner: str, model_id: Any):
-        if not isinstance(model_id, str) or not model_id:
+    def run_of(self, owner: str, model_id: str | None):
+        if not model_id:
             raise BadRequest("missing model_id")
         return self.state.get_run(owner, model_id)
 
-    def dedupe_keys(self, request: Request, *parts: Any) -> list[tuple]:
+    def dedupe_keys(self, idem: str | None, *parts: Any) -> list[tuple]:
+        """The keys an earlier identical submission is found by: the client's idempotency key
+        (``X-Idempotency-Key``), and ``parts`` when none of them after the kind is ``None``."""
         keys = [("call", *parts)] if all(p is not None for p in parts[1:]) else []
-        idem = request.headers.get("x-idempotency-key")
         return ([("idem", idem)] if idem else []) + keys
 
-    async def open_call(self, request: Request, kind: str) -> SequencedCall:
-        """Authenticate, read the JSON body and look up an earlier submission of the same call."""
-        owner = self.ctx.authenticate(request.headers)
-        body = await read_json(request, self.max_bytes)
-        model_id, seq_id = body.get("model_id"), body.get("seq_id")
-        if model_id is not None and not isinstance(model_id, str):
-            raise BadRequest(f"model_id must be a string, got {type(model_id).__name__}")
-        if seq_id is not None and (not isinstance(seq_id, int) or isinstance(seq_id, bool)):
-            raise BadRequest(f"seq_id must be an integer, got {type(seq_id).__name__}")
-        keys = self.dedupe_keys(request, kind, model_id, seq_id, request_digest(body))
-        return SequencedCall(
-            kind, owner, body, model_id, seq_id, keys, self.futures.find(owner, keys)
-        )
+    def open_call(self, owner: str, kind: str, body: Any, idem: str | None) -> SequencedCall:
+        """A sequenced call of ``body`` (an SDK request with ``model_id`` and ``seq_id``) and
+        the request id of an earlier identical submission, if any."""
+        model_id, seq_id = body.model_id, body.seq_id
+        digest = request_digest(body.model_dump(mode="json"))
+        keys = self.dedupe_keys(idem, kind, model_id, seq_id, digest)
+        return SequencedCall(kind, owner, model_id, seq_id, keys, self.futures.find(owner, keys))
 
     async def sequenced(self, call: SequencedCall, prepare: Callable[[], Any]) -> dict[str, Any]:
         """The one path of every sequenced call: an identical earlier submission answers with
@@ -102,44 +97,35 @@ class TinkerApi:
     def submitted(self, rid: str, model_id: str | None = None, **extra: Any) -> dict[str, Any]:
         return {"request_id": rid, **({"model_id": model_id} if model_id else {}), **extra}
 
-    async def refuse(self, model_id: str | None, seq_id: Any, exc: Exception, owner: str) -> None:
+    async def refuse(
+        self, model_id: str | None, seq_id: int | None, exc: Exception, owner: str
+    ) -> None:
         """A call refused before it ran still uses up its seq_id (later ones must not wait for it).
 
         Only in the caller's own model's lane: another key naming a model id it does not own
         must neither move that model's calls out of order nor add a lane (it gets a 404).
         """
-        if model_id and isinstance(seq_id, int) and self._owns(owner, model_id):
+        if model_id and seq_id is not None and self._owns(owner, model_id):
             await self.futures.lane(model_id).skip(seq_id)
         raise exc
 
-    def _owns(self, owner: str, model_id: Any) -> bool:
+    def _owns(self, owner: str, model_id: str) -> bool:
         try:
             self.run_of(owner, model_id)
         except Exception:  # noqa: BLE001 - unknown, malformed or another key's: not ours
             return False
         return True
 
-    async def read_body(self, request: Request) -> bytes:
-        body = bytearray()
-        async for chunk in request.stream():
-            body.extend(chunk)
-            if len(body) > self.max_bytes:
-                raise PayloadTooLarge(f"request body is over the limit of {self.max_bytes} bytes")
-        return bytes(body)
-
-    def sampler_target(self, owner: str, body: dict[str, Any]) -> tuple[str, str | None]:
-        """(base model, twinkle:// adapter path or None) of a sampling request."""
-        sid = body.get("sampling_session_id")
-        if sid is not None and not isinstance(sid, str):
-            raise BadRequest(f"sampling_session_id must be a string, got {sid!r}")
-        if sid:
-            record = self.state.get_sampling_session(owner, sid)
+    def sampler_target(self, owner: str, body: Any) -> tuple[str, str | None]:
+        """(base model, twinkle:// adapter path or None) of a ``SampleRequest``."""
+        if body.sampling_session_id:
+            record = self.state.get_sampling_session(owner, body.sampling_session_id)
             return record.base_model, record.model_path
-        if body.get("model_path"):
-            facts = checkpoint_facts(self.state, owner, body["model_path"])
+        if body.model_path:
+            facts = checkpoint_facts(self.state, owner, body.model_path)
             return facts.base_model, facts.path
-        if body.get("base_model"):
-            return body["base_model"], None
+        if body.base_model:
+            return body.base_model, None
         raise BadRequest("asample needs sampling_session_id, model_path or base_model")
 
     async def save(self, owner: str, model_id: str, name: str, kind: str, ttl: Any) -> str:

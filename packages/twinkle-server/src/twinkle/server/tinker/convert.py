@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 import numpy as np
+from tinker import types
 
 from twinkle.server.errors import BadRequest
 from twinkle.server.tinker.wire import WireDatum
@@ -183,58 +184,52 @@ def prompt_tokens(prompt: dict[str, Any]) -> list[int]:
 
 
 def sampling_params(
-    params: dict[str, Any], num_samples: int, prompt_logprobs: bool, limits: Any = None
+    params: types.SamplingParams, num_samples: int, prompt_logprobs: bool, limits: Any = None
 ) -> dict[str, Any]:
     """Tinker ``SamplingParams`` -> the Twinkle sampler's ``sampling_params``.
 
-    ``limits`` (a :class:`~twinkle.server.gateway.backends.SampleLimits`) bounds ``num_samples``
-    and ``max_tokens``: a request for ten million samples is refused here, not queued.
+    The SDK's type has checked the types; the ranges are the server's. ``limits`` (a
+    :class:`~twinkle.server.gateway.backends.SampleLimits`) bounds ``num_samples`` and
+    ``max_tokens``: a request for ten million samples is refused here, not queued.
     """
-    if params is None:
-        params = {}
-    if not isinstance(params, dict):
-        raise BadRequest(f"sampling_params must be an object, got {type(params).__name__}")
-    stop = params.get("stop")
-    if stop is not None and not isinstance(stop, (str, list)):
-        raise BadRequest("sampling_params.stop must be a string or a list of strings or token ids")
-    stop_strings, stop_ids = [], []
-    for item in [stop] if isinstance(stop, str) else list(stop or []):
-        if isinstance(item, str):
-            stop_strings.append(item)
-        else:
-            stop_ids.append(_integer(item, "sampling_params.stop[]", 0))
-    num_samples = _integer(num_samples, "num_samples", 1, getattr(limits, "max_num_samples", None))
-    max_tokens = params.get("max_tokens")
-    seed = params.get("seed")
+    stop = params.stop
+    stop_items = [stop] if isinstance(stop, str) else list(stop or [])
+    stop_strings = [item for item in stop_items if isinstance(item, str)]
+    stop_ids = [
+        _in_range(item, "sampling_params.stop[]", 0) for item in stop_items if isinstance(item, int)
+    ]
+    max_tokens = params.max_tokens
     return {
         "max_tokens": 64
         if max_tokens is None
-        else _integer(
+        else _in_range(
             max_tokens, "sampling_params.max_tokens", 0, getattr(limits, "max_sample_tokens", None)
         ),
-        "temperature": _number(params.get("temperature", 1.0), "sampling_params.temperature", 0),
-        "top_p": _number(params.get("top_p", 1.0), "sampling_params.top_p", 0, 1, open_low=True),
-        "top_k": _integer(params.get("top_k", -1), "sampling_params.top_k", -1),
-        "seed": None if seed is None else _integer(seed, "sampling_params.seed", None),
+        "temperature": _number(params.temperature, "sampling_params.temperature", 0),
+        "top_p": _number(params.top_p, "sampling_params.top_p", 0, 1, open_low=True),
+        "top_k": _in_range(params.top_k, "sampling_params.top_k", -1),
+        "seed": params.seed,
         "stop": stop_strings,
         "stop_token_ids": stop_ids,
-        "num_samples": num_samples,
+        "num_samples": _in_range(
+            num_samples, "num_samples", 1, getattr(limits, "max_num_samples", None)
+        ),
         "logprobs": True,
         "prompt_logprobs": bool(prompt_logprobs),
     }
 
 
-def _integer(value: Any, name: str, low: int | None, high: int | None = None) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise BadRequest(f"{name} must be an integer, got {value!r}")
+def _in_range(value: int, name: str, low: int | None, high: int | None = None) -> int:
     if (low is not None and value < low) or (high is not None and value > high):
         bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise BadRequest(f"{name} must be {bounds} on this server, got {value!r}")
     return value
 
 
-def _number(value: Any, name: str, low: float, high: float | None = None, open_low=False) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+def _number(
+    value: float, name: str, low: float, high: float | None = None, open_low=False
+) -> float:
+    if not math.isfinite(value):
         raise BadRequest(f"{name} must be a finite number, got {value!r}")
     if value < low or (open_low and value == low) or (high is not None and value > high):
         bounds = f"{'(' if open_low else '['}{low}, {high}]" if high is not None else f">= {low}"

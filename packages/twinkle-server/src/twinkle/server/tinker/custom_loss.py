@@ -13,14 +13,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import APIRouter, Request
+from tinker import types
 
 from twinkle.errors import InvalidArgumentError
 from twinkle.loss.fx_graph import parse_graph
 from twinkle.server.errors import BadRequest
 from twinkle.server.tinker import convert
 from twinkle.server.tinker.wire import WireDatum, WireForwardBackward
-from twinkle.server.web import read_json
 
 MAX_LOSSES_PER_KEY = 256
 
@@ -64,38 +63,27 @@ def store_of(api: Any) -> CustomLossStore:
     return store
 
 
-def custom_loss_routes(router: APIRouter, api: Any) -> None:
-    """``POST /create_custom_loss``: check the graph now (400 naming a refused op), store it,
-    answer with a future whose result is ``{loss_id}``."""
+def create(api: Any, owner: str, body: types.CreateCustomLossRequest, idem: str | None) -> dict:
+    """Check the graph now (400 naming a refused op), store it, answer with a future whose
+    result is ``{loss_id}``."""
+    api.state.get_session(owner, body.session_id)
+    graph = body.graph.model_dump(exclude_unset=True)
+    inputs = [item.model_dump() for item in body.inputs]
+    try:
+        parse_graph(graph, inputs)
+    except InvalidArgumentError as exc:
+        raise BadRequest(f"create_custom_loss {body.name!r}: {exc}") from None
+    loss_id = f"{body.session_id}:loss:{body.custom_loss_seq_id}"
+    loss = StoredLoss(loss_id, body.session_id, body.name, inputs, graph)
+    keys = api.dedupe_keys(idem, "create_custom_loss", loss.loss_id)
+    if rid := api.futures.find(owner, keys):
+        return api.submitted(rid)
+    store_of(api).add(owner, loss)
 
-    @router.post("/create_custom_loss")
-    async def create_custom_loss(request: Request) -> dict:
-        owner = api.ctx.authenticate(request.headers)
-        body = await read_json(request, api.max_bytes)
-        session_id, seq, name = (
-            body.get("session_id"),
-            body.get("custom_loss_seq_id"),
-            body.get("name"),
-        )
-        if not isinstance(session_id, str) or not isinstance(seq, int) or not isinstance(name, str):
-            raise BadRequest("create_custom_loss needs session_id, custom_loss_seq_id and name")
-        api.state.get_session(owner, session_id)
-        try:
-            parse_graph(body.get("graph"), body.get("inputs"))
-        except InvalidArgumentError as exc:
-            raise BadRequest(f"create_custom_loss {name!r}: {exc}") from None
-        loss = StoredLoss(
-            f"{session_id}:loss:{seq}", session_id, name, body["inputs"], body["graph"]
-        )
-        keys = api.dedupe_keys(request, "create_custom_loss", loss.loss_id)
-        if rid := api.futures.find(owner, keys):
-            return api.submitted(rid)
-        store_of(api).add(owner, loss)
+    async def run() -> dict:
+        return {"loss_id": loss.loss_id, "type": "create_custom_loss"}
 
-        async def run() -> dict:
-            return {"loss_id": loss.loss_id, "type": "create_custom_loss"}
-
-        return api.submitted(api.futures.submit(owner, "create_custom_loss", run, dedupe=keys))
+    return api.submitted(api.futures.submit(owner, "create_custom_loss", run, dedupe=keys))
 
 
 def features_and_loss(
@@ -155,4 +143,4 @@ def custom_metrics(result: dict[str, Any]) -> dict[str, float]:
     }
 
 
-__all__ = ["CustomLossStore", "custom_loss_routes", "custom_metrics", "features_and_loss"]
+__all__ = ["CustomLossStore", "create", "custom_metrics", "features_and_loss"]

@@ -31,9 +31,10 @@ def inflight_uri(model_id: str) -> str:
     return f"{INFLIGHT_SCHEME}{model_id}"
 
 
-def inflight_save(api: Any, owner: str, body: dict, model_id: str, run: Any):
-    """What an inflight ``save_weights_for_sampler`` runs in its turn (after every earlier
-    training call of the model): publish the live adapter, then open a new sampling session."""
+def inflight_save(api: Any, owner: str, body: Any, model_id: str, run: Any):
+    """What an inflight ``save_weights_for_sampler`` (``body``) runs in its turn (after every
+    earlier training call of the model): publish the live adapter, then open a new sampling
+    session."""
     for lookup in (api.backends.model, api.backends.sampler):
         lookup(run.base_model)  # an unknown base model is a 404 before the call is queued
     uri = inflight_uri(model_id)
@@ -41,7 +42,7 @@ def inflight_save(api: Any, owner: str, body: dict, model_id: str, run: Any):
     async def run_call() -> dict:
         # Tensors, not base64: in process they pass by reference, through a handle as buffers.
         await publish_live_adapter(api.backends, owner, run.base_model, model_id)
-        seq = body.get("sampling_session_seq_id")
+        seq = body.sampling_session_seq_id
         sid = f"{run.session_id}:sample:{seq}:{uuid.uuid4().hex[:8]}"
         api.state.create_sampling_session(
             owner,

@@ -1,22 +1,34 @@
-"""Unknown request fields from a newer SDK: ignored, and logged once per endpoint and field name.
+"""The Tinker API's protocol: each JSON endpoint's request type is the SDK's own (``tinker.types``).
 
-The Tinker routes read their JSON bodies leniently (a field they do not know is never an error),
-so that a client newer than the server keeps working. This router dependency compares each JSON
-body with the installed SDK's request type of that endpoint and logs what it does not know, so
-an operator sees what a newer client sends. Twinkle's native API keeps its strict models.
+:func:`parse` reads a JSON body as its endpoint's type, the one place where unknown fields are
+handled: the SDK's request types forbid extra fields, but a client newer than the server may send
+fields this server does not know, so they are dropped and logged once per endpoint and field name
+(an operator sees what a newer client sends), never refused; so are the fields older SDKs sent
+that 0.38 dropped (an ``ImageChunk``'s ``height``). A body that still does not fit the
+type is a 400 naming each offending field. Values are not coerced (``"3"`` is no integer), except
+where the wire has no type of its own (:data:`COERCED`). Twinkle's native API keeps its own models.
 """
 
 from __future__ import annotations
 
-import json
 import logging
+from typing import Any
 
-from fastapi import Request
+from pydantic import BaseModel, ValidationError
 from tinker import types
+
+from twinkle.server.errors import BadRequest
 
 logger = logging.getLogger("twinkle.server.tinker")
 
-REQUEST_TYPES = {
+
+class LoadWeightsRequest(types.LoadWeightsRequest):
+    """The SDK's ``LoadWeightsRequest``; a missing ``optimizer`` loads the weights alone."""
+
+    optimizer: bool = False
+
+
+REQUEST_TYPES: dict[str, type[BaseModel]] = {
     "client/config": types.ClientConfigRequest,
     "create_session": types.CreateSessionRequest,
     "session_heartbeat": types.SessionHeartbeatRequest,
@@ -26,7 +38,7 @@ REQUEST_TYPES = {
     "save_weights": types.SaveWeightsRequest,
     "save_weights_for_sampler": types.SaveWeightsForSamplerRequest,
     "save_weights_external": types.SaveWeightsExternalRequest,
-    "load_weights": types.LoadWeightsRequest,
+    "load_weights": LoadWeightsRequest,
     "copy_weights": types.CopyWeightsRequest,
     "create_sampling_session": types.CreateSamplingSessionRequest,
     "join_sampling_session": types.JoinSamplingSessionRequest,
@@ -38,52 +50,105 @@ REQUEST_TYPES = {
     "sessions/search": types.SessionSearchRequest,
     "telemetry": types.TelemetrySendRequest,
 }
-INSPECT_MAX_BYTES = 1 << 20  # larger bodies are not parsed twice
-PREFIX = "/api/v1/"
+# Endpoints whose type holds values JSON has no type for (the search cursor's datetime is text).
+COERCED = frozenset({"sessions/search"})
+_MAX_PASSES = 8  # each pass drops the unknown fields one validation found
 
-_known = {
-    name: {key for f_name, f in model.model_fields.items() for key in (f_name, f.alias) if key}
-    for name, model in REQUEST_TYPES.items()
-}
 _logged: set[tuple[str, str]] = set()
 
 
-def unknown_fields(endpoint: str, body: dict) -> list[str]:
-    """The top-level fields of ``body`` that the SDK's request type of ``endpoint`` lacks."""
-    known = _known.get(endpoint)
-    return [] if known is None else sorted(k for k in body if k not in known)
-
-
-def note(endpoint: str, body: dict) -> list[str]:
-    """Log each unknown field of ``endpoint`` the first time it is seen; returns them all."""
-    found = unknown_fields(endpoint, body)
-    for field in found:
+def note(endpoint: str, fields: list[str]) -> None:
+    """Log each unknown field of ``endpoint`` the first time it is seen."""
+    for field in fields:
         if (endpoint, field) not in _logged:
             _logged.add((endpoint, field))
             logger.warning(
-                "ignoring unknown field %r in %s (sent by a newer SDK?); logged once",
+                "ignoring unknown field %r in %s (sent by another SDK version?); logged once",
                 field,
                 endpoint,
             )
-    return found
 
 
-async def note_unknown_fields(request: Request) -> None:
-    """Router dependency: inspect a small JSON body (Starlette caches it for the route)."""
-    route = request.scope.get("route")
-    endpoint = getattr(route, "path", request.url.path).removeprefix(PREFIX).lstrip("/")
-    length = request.headers.get("content-length", "")
-    if (
-        endpoint not in _known
-        or request.method != "POST"
-        or "json" not in request.headers.get("content-type", "json")
-        or not length.isdigit()
-        or not 0 < int(length) <= INSPECT_MAX_BYTES
-    ):
-        return
-    try:
-        body = json.loads(await request.body())
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        return  # the route answers the malformed body
-    if isinstance(body, dict):
-        note(endpoint, body)
+def parse(endpoint: str, body: dict[str, Any]) -> Any:
+    """``body`` as the SDK's request type of ``endpoint``, its unknown fields dropped and logged.
+
+    Raises:
+        BadRequest: The body does not fit the type; the message names each field.
+    """
+    model, strict = REQUEST_TYPES[endpoint], endpoint not in COERCED
+    for _ in range(_MAX_PASSES):
+        try:
+            return model.model_validate(body, strict=strict)
+        except ValidationError as exc:
+            errors = exc.errors(include_url=False)
+            unknown = [e["loc"] for e in errors if e["type"] == "extra_forbidden"]
+            body, dropped = _without(body, unknown)
+            if not dropped:
+                raise BadRequest(f"invalid {endpoint} request: {_describe(errors)}") from None
+            note(endpoint, dropped)
+    raise BadRequest(f"invalid {endpoint} request: too many unknown fields")
+
+
+def _without(body: dict[str, Any], locs: list[tuple]) -> tuple[dict[str, Any], list[str]]:
+    """``body`` less the fields at ``locs`` (copied where changed), and their dotted names.
+
+    A location through a union names the member (``ImageChunk``): it is followed only into the
+    member the value says it is (its ``type``), since the other members see every field of
+    that value as unknown. A location that does not resolve is left alone.
+    """
+    dropped = []
+    for loc in locs:
+        path = _key_path(body, loc)
+        if path is None:
+            continue
+        body = _copy_path(body, path[:-1])
+        parent = body
+        for part in path[:-1]:
+            parent = parent[part]
+        del parent[path[-1]]
+        dropped.append(".".join(str(part) for part in path if not isinstance(part, int)))
+    return body, dropped
+
+
+def _key_path(body: dict[str, Any], loc: tuple) -> tuple | None:
+    """``loc`` as keys and indices of ``body`` (union member names left out), or ``None``."""
+    value: Any = body
+    path: list = []
+    for part in loc:
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and isinstance(part, int) and 0 <= part < len(value):
+            value = value[part]
+        elif isinstance(value, dict) and _is_member(part, value):
+            continue
+        else:
+            return None
+        path.append(part)
+    return tuple(path) if path else None
+
+
+def _is_member(name: Any, value: dict[str, Any]) -> bool:
+    """Whether ``value`` is the SDK type ``name`` of a union, by its ``type`` field."""
+    member = getattr(types, name, None) if isinstance(name, str) else None
+    if not (isinstance(member, type) and issubclass(member, BaseModel)):
+        return False
+    field = member.model_fields.get("type")
+    return field is not None and field.default == value.get("type")
+
+
+def _copy_path(body: dict[str, Any], path: tuple) -> dict[str, Any]:
+    """A shallow copy of ``body`` and of every container on ``path`` (the caller's is kept)."""
+    root = dict(body)
+    node: Any = root
+    for part in path:
+        child = node[part]
+        node[part] = dict(child) if isinstance(child, dict) else list(child)
+        node = node[part]
+    return root
+
+
+def _describe(errors: list[dict[str, Any]]) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in errors)
+
+
+__all__ = ["COERCED", "REQUEST_TYPES", "LoadWeightsRequest", "note", "parse"]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from tinker import types
 
 from twinkle.server.errors import BadRequest
 
@@ -23,15 +24,8 @@ class TargetLayout:
     col: np.ndarray | None = None
 
 
-def _count(body: dict[str, Any], name: str) -> int:
-    value = body.get(name) or 0
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise BadRequest(f"{name} must be an integer >= 0, got {value!r}")
-    return value
-
-
 def sampler_params(
-    body: dict[str, Any], prompt_len: int
+    body: types.SampleRequest, prompt_len: int
 ) -> tuple[dict[str, Any], TargetLayout | None]:
     """The Twinkle ``SamplingParams`` fields these request fields ask for, and the target layout.
 
@@ -45,41 +39,44 @@ def sampler_params(
         ("topk_prompt_logprobs", "topk_prompt_logprobs"),
         ("prompt_alt_tokens_k", "prompt_alt_tokens_k"),
     ):
-        if value := _count(body, tinker_name):
+        value = getattr(body, tinker_name)
+        if value < 0:
+            raise BadRequest(f"{tinker_name} must be an integer >= 0, got {value!r}")
+        if value:
             params[twinkle_name] = value
-    last_n = body.get("prompt_logprobs_last_n")
+    last_n = body.prompt_logprobs_last_n
     if last_n is not None:
-        if not isinstance(last_n, int) or isinstance(last_n, bool) or not 1 <= last_n < prompt_len:
+        if not 1 <= last_n < prompt_len:
             raise BadRequest(
                 f"prompt_logprobs_last_n must be between 1 and len(prompt) - 1 = {prompt_len - 1}, "
                 f"got {last_n!r}"
             )
-        if not body.get("prompt_logprobs"):
+        if not body.prompt_logprobs:
             raise BadRequest("prompt_logprobs_last_n requires prompt_logprobs")
         params["prompt_logprobs_last_n"] = last_n
     layout = None
-    if body.get("target_prompt_logprobs") is not None:
-        layout = _target_layout(body["target_prompt_logprobs"], prompt_len)
+    if body.target_prompt_logprobs is not None:
+        layout = _target_layout(body.target_prompt_logprobs, prompt_len)
         params["target_prompt_token_ids"] = layout.ids.tolist()
     return params, layout
 
 
 def _target_layout(tensor: Any, prompt_len: int) -> TargetLayout:
-    if not isinstance(tensor, dict) or tensor.get("dtype") != "int64":
+    if tensor.dtype != "int64":
         raise BadRequest("target_prompt_logprobs must be an int64 TensorData")
-    data = np.asarray(tensor.get("data") or [], dtype=np.int64)
-    shape = tensor.get("shape") or [data.shape[0]]
+    data = np.asarray(tensor.data or [], dtype=np.int64)
+    shape = tensor.shape or [data.shape[0]]
     if len(shape) != 2 or shape[0] != prompt_len - 1:
         raise BadRequest(
             f"target_prompt_logprobs must have shape [len(prompt) - 1, K] = [{prompt_len - 1}, K], "
             f"got {shape}"
         )
-    crow, col = tensor.get("sparse_crow_indices"), tensor.get("sparse_col_indices")
+    crow, col = tensor.sparse_crow_indices, tensor.sparse_col_indices
     if crow is None:
         if data.size != shape[0] * shape[1]:
             raise BadRequest(f"target_prompt_logprobs has {data.size} values for shape {shape}")
         return TargetLayout(data.reshape(shape))
-    crow_R, col_N = np.asarray(crow, dtype=np.int64), np.asarray(col, dtype=np.int64)
+    crow_R, col_N = np.asarray(crow, dtype=np.int64), np.asarray(col or [], dtype=np.int64)
     ids = np.full(shape, -1, dtype=np.int64)
     try:
         for r in range(shape[0]):

@@ -1,4 +1,5 @@
-"""``retrieve_futures``: the SDK's batch long-poll of one sampling session's finished samples.
+"""Retrieving Tinker futures: ``retrieve_future`` (one future's result, long-polled) and
+``retrieve_futures``, the SDK's batch long-poll of one sampling session's finished samples.
 
 With ``sample_use_retrieve_futures`` in the client config, each ``SamplingClient`` runs one poller
 per (sampling session, cloned sampler) instead of one ``retrieve_future`` long-poll per sample; a
@@ -17,12 +18,15 @@ import json
 import time
 from typing import Any
 
-from fastapi import APIRouter, Request
+from tinker import types
 
-from twinkle.server.errors import BadRequest
+from twinkle.server.errors import BadRequest, Gone
+from twinkle.server.state._futures import ORPHANED
 from twinkle.server.state.records import FutureRecord
+from twinkle.server.threads import off_loop
+from twinkle.server.tinker import wire_json
 from twinkle.server.tinker.api import LONG_POLL_S, TinkerApi
-from twinkle.server.web import read_json
+from twinkle.server.tinker.futures import PROTOBUF
 
 CLONE_BLOCK = 1_000_000_000  # the SDK's seq_id block per cloned SamplingClient
 RESCAN_S = 1.0  # completions on other replicas are seen within this
@@ -36,31 +40,50 @@ def sample_target(sampling_session_id: Any, seq_id: Any) -> str | None:
     return sampling_session_id if clone == 0 else f"{sampling_session_id}:clone:{clone}"
 
 
-def session_future_routes(router: APIRouter, api: TinkerApi) -> None:
-    @router.post("/retrieve_futures")
-    async def retrieve_futures(request: Request) -> dict:
-        owner = api.ctx.authenticate(request.headers)
-        body = await read_json(request, api.max_bytes)
-        target = body.get("target") or {}
-        sid, clone = target.get("sampling_session_id"), target.get("cloned_sampler_id", 0)
-        prev, timeout = body.get("prev_cursor", 0), body.get("timeout")
-        if (
-            target.get("type", "sampling_session") != "sampling_session"
-            or not isinstance(sid, str)
-            or not isinstance(clone, int)
-            or not isinstance(prev, int)
-        ):
-            raise BadRequest("retrieve_futures needs a sampling_session target and prev_cursor")
-        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
-            raise BadRequest("timeout must be a non-negative number of seconds")
-        api.state.get_sampling_session(owner, sid)  # another tenant's session: 404
-        model_id = sample_target(sid, clone * CLONE_BLOCK)
-        wait_s = LONG_POLL_S if timeout is None else min(float(timeout), LONG_POLL_S)
-        done = await _wait_for_completions(api, owner, model_id, prev, wait_s)
-        return {
-            "completions": [_completion(f) for f in done],
-            "cursor": max([prev, *(_cursor(f) for f in done)]),
-        }
+async def retrieve_future(
+    api: TinkerApi, owner: str, body: types.FutureRetrieveRequest, wants_protobuf: bool
+) -> dict[str, Any] | bytes:
+    """One future's result after a long poll: JSON, protobuf bytes (``wants_protobuf``; else the
+    JSON an SDK before 0.27 reads), ``try_again`` while pending, or its error.
+
+    Raises:
+        Gone: A sample whose gateway process stopped: the SDK resubmits it.
+    """
+    rid = body.request_id
+    record = await api.futures.wait(owner, rid, LONG_POLL_S)
+    if record.status == "pending":
+        return {"type": "try_again", "request_id": rid, "queue_state": record.queue_state}
+    if record.status == "error":
+        if record.kind == "sample" and record.error.message == ORPHANED:
+            # A sample changes no state, so running it again is safe: the SDK's sampling
+            # client answers a 410 on its future by resubmitting the request itself
+            # (tinker.lib.api_future_impl: RetryableException, retried by RetryHandler).
+            raise Gone(f"sample {rid}: {ORPHANED}")
+        return {"error": record.error.message, "category": record.error.category}
+    if record.content_type == PROTOBUF:
+        data = base64.b64decode(record.result_b64 or "")
+        if not wants_protobuf:
+            return await off_loop(wire_json.result_as_json, record.kind, data)
+        return data
+    return record.result
+
+
+async def retrieve_futures(
+    api: TinkerApi, owner: str, body: types.FuturesRetrieveRequest
+) -> dict[str, Any]:
+    """The completions of one sampling session's samples newer than ``prev_cursor``, after a
+    long poll of at most ``timeout`` seconds."""
+    sid, prev, timeout = body.target.sampling_session_id, body.prev_cursor, body.timeout
+    if timeout is not None and timeout < 0:
+        raise BadRequest("timeout must be a non-negative number of seconds")
+    api.state.get_sampling_session(owner, sid)  # another tenant's session: 404
+    model_id = sample_target(sid, body.target.cloned_sampler_id * CLONE_BLOCK)
+    wait_s = LONG_POLL_S if timeout is None else min(float(timeout), LONG_POLL_S)
+    done = await _wait_for_completions(api, owner, model_id, prev, wait_s)
+    return {
+        "completions": [_completion(f) for f in done],
+        "cursor": max([prev, *(_cursor(f) for f in done)]),
+    }
 
 
 async def _wait_for_completions(

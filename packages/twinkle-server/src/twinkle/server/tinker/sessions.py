@@ -1,4 +1,4 @@
-"""Tinker session and listing calls of ``RestClient``: sessions, their search, project, trace
+"""Tinker sessions and listings of ``RestClient``: sessions, their search, project, trace
 export, and every checkpoint of the caller (``list_user_checkpoints``).
 
 Tenants are isolated: "accessible" (``access_scope``, ``AccessibleSearchOwner``) means the
@@ -10,16 +10,12 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from fastapi import APIRouter, Query, Request
-from pydantic import ValidationError
 from tinker import types
 
 from twinkle.server.errors import BadRequest
 from twinkle.server.gateway.routes_common import checkpoint_to_wire
 from twinkle.server.state.records import SessionRecord
-from twinkle.server.tinker import traces
 from twinkle.server.tinker.api import TinkerApi
-from twinkle.server.web import read_json
 
 DEFAULT_PROJECT = "default"
 CLIENT_FINISH_REASONS = ("success", "errored", "interrupted")
@@ -30,80 +26,44 @@ def owner_urn(owner: str) -> str:
     return f"tml:user:{owner}"
 
 
-def session_routes(router: APIRouter, api: TinkerApi) -> None:
+def list_sessions(api: TinkerApi, owner: str, limit: int, offset: int) -> dict:
+    """One page of the caller's session ids, newest first (finished ones too)."""
+    found = _newest_first(api.state.list_sessions(owner, include_finished=True))
+    return {"sessions": [s.session_id for s in found[offset : offset + limit]]}
+
+
+def get_session(api: TinkerApi, owner: str, session_id: str) -> dict:
+    """``GetSessionResponse``: the session's training runs, samplers, metadata and name."""
     state = api.state
+    session = state.get_session(owner, session_id)
+    info = state.session_info(owner, session_id)
+    runs, _ = state.list_runs(owner, limit=1 << 30)
+    return {
+        "training_run_ids": [r.training_run_id for r in runs if r.session_id == session_id],
+        "sampler_ids": [
+            s.sampling_session_id
+            for s in state.sampling_sessions_of(owner)
+            if s.session_id == session_id
+        ],
+        "user_metadata": _str_dict(session.user_metadata),
+        "display_name": info.display_name,
+    }
 
-    @router.get("/sessions")
-    async def list_sessions(
-        request: Request, limit: int = Query(20, ge=0, le=1000), offset: int = Query(0, ge=0)
-    ) -> dict:
-        owner = api.ctx.authenticate(request.headers)
-        found = _newest_first(state.list_sessions(owner, include_finished=True))
-        return {"sessions": [s.session_id for s in found[offset : offset + limit]]}
 
-    @router.get("/sessions/{session_id}")
-    async def get_session(session_id: str, request: Request) -> dict:
-        owner = api.ctx.authenticate(request.headers)
-        session = state.get_session(owner, session_id)
-        info = state.session_info(owner, session_id)
-        runs, _ = state.list_runs(owner, limit=1 << 30)
-        return {
-            "training_run_ids": [r.training_run_id for r in runs if r.session_id == session_id],
-            "sampler_ids": [
-                s.sampling_session_id
-                for s in state.sampling_sessions_of(owner)
-                if s.session_id == session_id
-            ],
-            "user_metadata": _str_dict(session.user_metadata),
-            "display_name": info.display_name,
-        }
+def assign_project(api: TinkerApi, owner: str, session_id: str, project_id: Any) -> dict:
+    if not isinstance(project_id, str) or not project_id:  # the SDK has no type for this body
+        raise BadRequest("assign_session_project needs project_id")
+    info = api.state.assign_session_project(owner, session_id, project_id)
+    return {"session_id": session_id, "project_id": info.project_id}
 
-    @router.put("/sessions/{session_id}/project")
-    async def assign_project(session_id: str, request: Request) -> dict:
-        owner = api.ctx.authenticate(request.headers)
-        project_id = (await read_json(request, api.max_bytes)).get("project_id")
-        if not isinstance(project_id, str) or not project_id:
-            raise BadRequest("assign_session_project needs project_id")
-        info = state.assign_session_project(owner, session_id, project_id)
-        return {"session_id": session_id, "project_id": info.project_id}
 
-    @router.get("/sessions/{session_id}/trace_export")
-    async def trace_export(session_id: str, request: Request) -> dict:
-        owner = api.ctx.authenticate(request.headers)
-        state.get_session(owner, session_id)
-        return {
-            "status": "ready",
-            "url": traces.signed_url(api.ctx.signer, request, owner, session_id),
-        }
-
-    @router.get("/trace_exports/{token}")
-    async def trace_download(token: str) -> dict:
-        owner, session_id = traces.verify(api.ctx.signer, token)
-        return traces.build(state, owner, session_id)
-
-    @router.post("/sessions/search")
-    async def search_sessions(request: Request) -> dict:
-        owner = api.ctx.authenticate(request.headers)
-        body = await read_json(request, api.max_bytes)
-        known = types.SessionSearchRequest.model_fields
-        try:
-            query = types.SessionSearchRequest.model_validate(
-                {k: v for k, v in body.items() if k in known}
-            )
-        except ValidationError as exc:
-            raise BadRequest(f"invalid session search: {exc.errors(include_url=False)}") from None
-        return search(api, owner, query)
-
-    @router.get("/checkpoints")
-    async def list_user_checkpoints(
-        request: Request, limit: int = Query(100, ge=0, le=1000), offset: int = Query(0, ge=0)
-    ) -> dict:
-        owner = api.ctx.authenticate(request.headers)
-        found = [c for c in state.checkpoints_of(owner) if not c.ephemeral]
-        return {
-            "checkpoints": [checkpoint_to_wire(c) for c in found[offset : offset + limit]],
-            "cursor": {"offset": offset, "limit": limit, "total_count": len(found)},
-        }
+def list_user_checkpoints(api: TinkerApi, owner: str, limit: int, offset: int) -> dict:
+    """One page of every (non-ephemeral) checkpoint of the caller."""
+    found = [c for c in api.state.checkpoints_of(owner) if not c.ephemeral]
+    return {
+        "checkpoints": [checkpoint_to_wire(c) for c in found[offset : offset + limit]],
+        "cursor": {"offset": offset, "limit": limit, "total_count": len(found)},
+    }
 
 
 def search(api: TinkerApi, owner: str, query: types.SessionSearchRequest) -> dict:

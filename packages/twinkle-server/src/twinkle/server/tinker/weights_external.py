@@ -1,4 +1,4 @@
-"""Tinker weights endpoints beyond the core loop: ``copy_weights``, ``save_weights_external`` and
+"""Tinker weights beyond the core loop: ``copy_weights``, ``save_weights_external`` and
 its signed download URLs, ``join_sampling_session``.
 
 - ``copy_weights`` (``ServiceClient.copy_weights`` / ``RestClient.copy_weights``, sync): the
@@ -7,7 +7,7 @@ its signed download URLs, ``join_sampling_session``.
   duplicated; a copy when the file system refuses links). The new run has no adapter loaded, so it
   cannot be trained on. Retries with the same ``X-Idempotency-Key`` answer the first copy.
 - ``save_weights_external`` (future): ``external_weights/<name>`` in PEFT layout, optionally
-  age-encrypted (see :mod:`.weights_model_ops`).
+  age-encrypted (see :mod:`twinkle.server.model.tinker_weights_ops`).
 - ``GET training_runs/{id}/checkpoints/external_weights/{name}/external_weights_urls``: one URL per
   file, signed with HMAC-SHA256 over ``path + expiry`` under a server secret kept in the shared
   state (every gateway replica verifies every URL). The download route needs no API key and
@@ -29,11 +29,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import quote
 
-from fastapi import APIRouter, Request
-from fastapi.responses import FileResponse
-from starlette.background import BackgroundTask
+from tinker import types
 
 from twinkle.server.errors import BadRequest, Forbidden, NotFound
+from twinkle.server.model.tinker_weights_ops import EXTERNAL_KIND, age_recipients
 from twinkle.server.signing import Signer
 from twinkle.server.state import checkpoint_dir
 from twinkle.server.state.paths import (
@@ -44,13 +43,12 @@ from twinkle.server.state.paths import (
 from twinkle.server.threads import off_loop
 from twinkle.server.tinker import convert
 from twinkle.server.tinker.api import TinkerApi
-from twinkle.server.tinker.weights_model_ops import EXTERNAL_KIND, age_recipients
-from twinkle.server.web import read_json
 
 URL_TTL_S = 3600.0
 MIN_TTL_S, MAX_TTL_S = 3600, MAX_CHECKPOINT_TTL_S  # the longest any checkpoint may have
-_DOWNLOAD = "external_weights_files"
-_ARCHIVES = "checkpoint_archives"
+DOWNLOAD = "external_weights_files"  # the download routes' first path segment
+ARCHIVES = "checkpoint_archives"
+MAX_RECIPIENTS = 10
 
 
 class UrlSigner:
@@ -85,10 +83,10 @@ def _pack(root: Path) -> str:
     return packed
 
 
-def _check_ttl(ttl) -> float | None:
+def _check_ttl(ttl: int | None) -> float | None:
     if ttl is None:
         return None
-    if not isinstance(ttl, int) or not MIN_TTL_S <= ttl <= MAX_TTL_S:
+    if not MIN_TTL_S <= ttl <= MAX_TTL_S:
         raise BadRequest(f"ttl_seconds must be between {MIN_TTL_S} and {MAX_TTL_S}, got {ttl!r}")
     return float(ttl)
 
@@ -108,20 +106,33 @@ def _link_tree(source: Path, target: Path) -> int:
     return size
 
 
-def copy_checkpoint(api: TinkerApi, owner: str, body: dict) -> dict:
+def copy_weights(
+    api: TinkerApi, owner: str, body: types.CopyWeightsRequest, idem: str | None
+) -> dict:
+    """:func:`copy_checkpoint`; a retry with the same idempotency key answers the first copy."""
+    memo = f"tinker/copy_weights/{owner}/{idem}" if idem else None
+    if memo and (done := api.state.store.get(memo)):
+        return done
+    result = copy_checkpoint(api, owner, body)
+    if memo:
+        api.state.store.put(memo, result)
+    return result
+
+
+def copy_checkpoint(api: TinkerApi, owner: str, body: types.CopyWeightsRequest) -> dict:
     """The copy itself (see the module docstring); returns ``CopyWeightsResponse``."""
-    if body.get("weights_access_token"):
+    if body.weights_access_token:
         raise BadRequest("weights_access_token is not supported: copy your own or public weights")
-    ttl = _check_ttl(body.get("ttl_seconds"))
-    source = api.state.resolve_checkpoint_path(owner, body.get("source_path") or "", True)
+    ttl = _check_ttl(body.ttl_seconds)
+    source = api.state.resolve_checkpoint_path(owner, body.source_path, True)
     run = api.state.get_run(source.owner, source.training_run_id)
-    session_id, seq = body.get("session_id"), body.get("model_seq_id")
+    session_id, seq = body.session_id, body.model_seq_id
     if session_id is not None:
-        if not isinstance(seq, int):
+        if seq is None:
             raise BadRequest("copy_weights with session_id needs model_seq_id")
         api.state.get_session(owner, session_id)
     else:
-        project = body.get("destination_project_id")
+        project = body.destination_project_id
         meta = {"project_id": project} if project else {}
         session_id = api.state.create_session(
             owner, tags=["copy_weights"], user_metadata=meta
@@ -153,140 +164,125 @@ def copy_checkpoint(api: TinkerApi, owner: str, body: dict) -> dict:
     return {"tinker_path": record.tinker_path}
 
 
-def weights_external_routes(router: APIRouter, api: TinkerApi) -> None:
-    signer = UrlSigner(api.ctx.signer)
+async def save_weights_external(
+    api: TinkerApi, owner: str, body: types.SaveWeightsExternalRequest, idem: str | None
+) -> dict:
+    """``external_weights/<path>`` in PEFT layout, maybe age-encrypted (a sequenced call)."""
+    call = api.open_call(owner, "save_weights_external", body, idem)
+    model_id = body.model_id
 
-    @router.post("/copy_weights")
-    async def copy_weights(request: Request) -> dict:
-        owner = api.ctx.authenticate(request.headers)
-        body = await read_json(request, api.max_bytes)
-        idem = request.headers.get("x-idempotency-key")
-        memo = f"tinker/copy_weights/{owner}/{idem}" if idem else None
-        if memo and (done := api.state.store.get(memo)):
-            return done
-        result = copy_checkpoint(api, owner, body)
-        if memo:
-            api.state.store.put(memo, result)
-        return result
+    def prepare():
+        run = api.run_of(owner, model_id)
+        client = api.backends.model(run.base_model)
+        name = validate_checkpoint_name(body.path)
+        ttl = _check_ttl(body.ttl_seconds)
+        recipients = body.age_encryption_recipients or []
+        if len(recipients) > MAX_RECIPIENTS:
+            raise BadRequest(f"at most {MAX_RECIPIENTS} age_encryption_recipients")
+        age_recipients(recipients)  # refuse a malformed key now
 
-    @router.post("/save_weights_external")
-    async def save_weights_external(request: Request) -> dict:
-        call = await api.open_call(request, "save_weights_external")
-        owner, body, model_id = call.owner, call.body, call.model_id
-
-        def prepare():
-            run = api.run_of(owner, model_id)
-            client = api.backends.model(run.base_model)
-            name = validate_checkpoint_name(body.get("path") or "")
-            ttl = _check_ttl(body.get("ttl_seconds"))
-            recipients = body.get("age_encryption_recipients") or []
-            if len(recipients) > 10:
-                raise BadRequest("at most 10 age_encryption_recipients")
-            age_recipients(recipients)  # refuse a malformed key now
-
-            async def run_call() -> dict:
-                saved = await client.call(
-                    owner,
-                    "tinker_save_external",
-                    {
-                        "adapter_name": model_id,
-                        "name": name,
-                        "age_encryption_recipients": recipients,
-                    },
-                )
-                if ttl is not None:
-                    api.state.set_checkpoint_ttl(
-                        owner, run.training_run_id, f"{EXTERNAL_KIND}/{name}", ttl
-                    )
-                return {
-                    "path": convert.to_tinker_path(saved["path"]),
-                    "size_bytes": saved["size_bytes"],
-                    "type": "save_weights_external",
-                }
-
-            return run_call
-
-        return await api.sequenced(call, prepare)
-
-    @router.get("/training_runs/{run_id}/checkpoints/{kind}/{name}/external_weights_urls")
-    async def external_weights_urls(run_id: str, kind: str, name: str, request: Request) -> dict:
-        owner = api.ctx.authenticate(request.headers)
-        if kind != EXTERNAL_KIND:
-            raise BadRequest(f"only {EXTERNAL_KIND} checkpoints have download URLs, not {kind}")
-        parse_checkpoint_path(f"tinker://{run_id}/{kind}/{name}")
-        record = api.state.get_checkpoint(owner, run_id, f"{kind}/{name}")
-        root = Path(record.local_dir)
-        expires = int(api.state.clock() + URL_TTL_S)
-        base = str(request.url).split("/training_runs/", 1)[0]
-        urls = {}
-        for path in sorted(p for p in root.rglob("*") if p.is_file()):
-            rel = path.relative_to(root).as_posix()
-            signed = f"{owner}/{run_id}/{name}/{rel}"
-            urls[rel] = (
-                f"{base}/{_DOWNLOAD}/{quote(signed)}"
-                f"?expires={expires}&signature={signer.sign(signed, expires)}"
+        async def run_call() -> dict:
+            saved = await client.call(
+                owner,
+                "tinker_save_external",
+                {"adapter_name": model_id, "name": name, "age_encryption_recipients": recipients},
             )
-        return {
-            "urls": urls,
-            "expires": datetime.fromtimestamp(expires, timezone.utc).isoformat(),
-        }
+            if ttl is not None:
+                api.state.set_checkpoint_ttl(
+                    owner, run.training_run_id, f"{EXTERNAL_KIND}/{name}", ttl
+                )
+            return {
+                "path": convert.to_tinker_path(saved["path"]),
+                "size_bytes": saved["size_bytes"],
+                "type": "save_weights_external",
+            }
 
-    @router.get(f"/{_DOWNLOAD}/{{owner}}/{{run_id}}/{{name}}/{{rel:path}}")
-    async def download(
-        owner: str, run_id: str, name: str, rel: str, expires: str = "", signature: str = ""
-    ):
-        """No API key: the URL's signature is the credential."""
-        signer.verify(f"{owner}/{run_id}/{name}/{rel}", expires, signature, api.state.clock())
-        record = api.state.get_checkpoint(owner, run_id, f"{EXTERNAL_KIND}/{name}")
-        root = Path(record.local_dir).resolve()
-        path = (root / rel).resolve()
-        if not path.is_relative_to(root) or not path.is_file():
-            raise NotFound(f"{rel} is not a file of this checkpoint")
-        return FileResponse(path, media_type="application/octet-stream")
+        return run_call
 
-    @router.get("/training_runs/{run_id}/checkpoints/{kind}/{name}/archive")
-    async def checkpoint_archive_url(run_id: str, kind: str, name: str, request: Request) -> dict:
-        owner = api.ctx.authenticate(request.headers)
-        parse_checkpoint_path(f"tinker://{run_id}/{kind}/{name}")
-        api.state.get_checkpoint(owner, run_id, f"{kind}/{name}")
-        expires = int(api.state.clock() + URL_TTL_S)
-        signed = f"{owner}/{run_id}/{kind}/{name}"
-        base = str(request.url).split("/training_runs/", 1)[0]
-        return {
-            "url": f"{base}/{_ARCHIVES}/{quote(signed)}.tar.gz"
-            f"?expires={expires}&signature={signer.sign('archive:' + signed, expires)}",
-            "expires": datetime.fromtimestamp(expires, timezone.utc).isoformat(),
-        }
+    return await api.sequenced(call, prepare)
 
-    @router.get(f"/{_ARCHIVES}/{{owner}}/{{run_id}}/{{kind}}/{{archive}}")
-    async def download_archive(
-        owner: str, run_id: str, kind: str, archive: str, expires: str = "", signature: str = ""
-    ):
-        """No API key: the URL's signature is the credential."""
-        name = archive.removesuffix(".tar.gz")
-        signed = f"{owner}/{run_id}/{kind}/{name}"
-        signer.verify("archive:" + signed, expires, signature, api.state.clock())
-        record = api.state.get_checkpoint(owner, run_id, f"{kind}/{name}")
-        packed = await off_loop(_pack, Path(record.local_dir))
-        return FileResponse(
-            packed,
-            media_type="application/gzip",
-            filename=f"{run_id}-{name}.tar.gz",
-            background=BackgroundTask(os.unlink, packed),
+
+def external_weights_urls(
+    api: TinkerApi, owner: str, run_id: str, kind: str, name: str, base: str
+) -> dict:
+    """One signed download URL (under ``base``, the API's URL) per file of the checkpoint."""
+    if kind != EXTERNAL_KIND:
+        raise BadRequest(f"only {EXTERNAL_KIND} checkpoints have download URLs, not {kind}")
+    parse_checkpoint_path(f"tinker://{run_id}/{kind}/{name}")
+    record = api.state.get_checkpoint(owner, run_id, f"{kind}/{name}")
+    root = Path(record.local_dir)
+    expires = int(api.state.clock() + URL_TTL_S)
+    signer = UrlSigner(api.ctx.signer)
+    urls = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = path.relative_to(root).as_posix()
+        signed = f"{owner}/{run_id}/{name}/{rel}"
+        urls[rel] = (
+            f"{base}/{DOWNLOAD}/{quote(signed)}"
+            f"?expires={expires}&signature={signer.sign(signed, expires)}"
         )
-
-    @router.post("/join_sampling_session")
-    async def join_sampling_session(request: Request) -> dict:
-        owner = api.ctx.authenticate(request.headers)
-        body = await read_json(request, api.max_bytes)
-        sid = body.get("sampling_session_id")
-        if not isinstance(sid, str):
-            raise BadRequest("join_sampling_session needs sampling_session_id")
-        api.state.get_sampling_session(owner, sid)
-        counter = api.state.store.update(
-            f"tinker/sampling_clients/{sid}", lambda v: {"n": (v or {"n": 0})["n"] + 1}
-        )
-        return {"type": "join_sampling_session", "client_counter": counter["n"]}
+    return {"urls": urls, "expires": datetime.fromtimestamp(expires, timezone.utc).isoformat()}
 
 
-__all__ = ["UrlSigner", "copy_checkpoint", "weights_external_routes"]
+def external_file(
+    api: TinkerApi, owner: str, run_id: str, name: str, rel: str, expires: str, signature: str
+) -> Path:
+    """The file a signed download URL names (the signature is the credential: no API key)."""
+    UrlSigner(api.ctx.signer).verify(
+        f"{owner}/{run_id}/{name}/{rel}", expires, signature, api.state.clock()
+    )
+    record = api.state.get_checkpoint(owner, run_id, f"{EXTERNAL_KIND}/{name}")
+    root = Path(record.local_dir).resolve()
+    path = (root / rel).resolve()
+    if not path.is_relative_to(root) or not path.is_file():
+        raise NotFound(f"{rel} is not a file of this checkpoint")
+    return path
+
+
+def archive_url(api: TinkerApi, owner: str, run_id: str, kind: str, name: str, base: str) -> dict:
+    """A signed URL (under ``base``) of a ``.tar.gz`` of the checkpoint, built when fetched."""
+    parse_checkpoint_path(f"tinker://{run_id}/{kind}/{name}")
+    api.state.get_checkpoint(owner, run_id, f"{kind}/{name}")
+    expires = int(api.state.clock() + URL_TTL_S)
+    signed = f"{owner}/{run_id}/{kind}/{name}"
+    signature = UrlSigner(api.ctx.signer).sign("archive:" + signed, expires)
+    return {
+        "url": f"{base}/{ARCHIVES}/{quote(signed)}.tar.gz?expires={expires}&signature={signature}",
+        "expires": datetime.fromtimestamp(expires, timezone.utc).isoformat(),
+    }
+
+
+async def packed_archive(
+    api: TinkerApi, owner: str, run_id: str, kind: str, name: str, expires: str, signature: str
+) -> str:
+    """A temporary ``.tar.gz`` of the checkpoint a signed archive URL names (the caller
+    deletes it once sent)."""
+    signed = f"{owner}/{run_id}/{kind}/{name}"
+    UrlSigner(api.ctx.signer).verify("archive:" + signed, expires, signature, api.state.clock())
+    record = api.state.get_checkpoint(owner, run_id, f"{kind}/{name}")
+    return await off_loop(_pack, Path(record.local_dir))
+
+
+def join_sampling_session(
+    api: TinkerApi, owner: str, body: types.JoinSamplingSessionRequest
+) -> dict:
+    """A new ``client_counter`` for a client rebuilt from a sampler handle."""
+    sid = body.sampling_session_id
+    api.state.get_sampling_session(owner, sid)
+    counter = api.state.store.update(
+        f"tinker/sampling_clients/{sid}", lambda v: {"n": (v or {"n": 0})["n"] + 1}
+    )
+    return {"type": "join_sampling_session", "client_counter": counter["n"]}
+
+
+__all__ = [
+    "UrlSigner",
+    "archive_url",
+    "copy_checkpoint",
+    "copy_weights",
+    "external_file",
+    "external_weights_urls",
+    "join_sampling_session",
+    "packed_archive",
+    "save_weights_external",
+]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import math
 from typing import Any
 
@@ -21,6 +22,14 @@ from twinkle.server.errors import BadRequest
 from twinkle.server.tinker.wire import PROTOBUF, WireDatum, WireForwardBackward
 
 _DTYPES = {"int64": np.int64, "int32": np.int32, "float32": np.float32, "float64": np.float64}
+
+
+def loads(raw: bytes) -> Any:
+    """The JSON body of ``forward`` / ``forward_backward`` (decoded by :func:`decode_forward_backward`)."""
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise BadRequest("the request body is not valid JSON") from None
 
 
 def decode_forward_backward(body: Any, forward_only: bool) -> WireForwardBackward:

@@ -36,19 +36,19 @@ Dropout is applied in torch, per segment, before the kernels, with the masks the
 draws (``segments.dropout_masks``, in segment order, so a seeded run draws the same masks);
 autograd keeps the mask through torch, so the custom function sees already-dropped activations.
 
-Kernels are decorated lazily, on first use, for the current ``TRITON_INTERPRET`` setting: CPU
-tensors run through the Triton interpreter (``TRITON_INTERPRET=1``), CUDA tensors through compiled
-kernels. This module imports without Triton; ``segmented_lora_triton`` then raises
+Kernels are decorated lazily, on first use, for the ``TRITON_INTERPRET`` setting, which is read
+once per process at that first launch (``twinkle.env.triton_interpret``): CPU tensors run through
+the Triton interpreter (``TRITON_INTERPRET=1``), CUDA tensors through compiled kernels. This module imports without Triton; ``segmented_lora_triton`` then raises
 ``RuntimeError``.
 """
 
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from twinkle.env import triton_interpret
 from twinkle.model.lora import direct_grads
 from twinkle.model.lora.segments import LoraSegment, dropout_masks, validate_segments
 
@@ -68,10 +68,6 @@ __all__ = ["segmented_lora_triton", "triton_available"]
 def triton_available() -> bool:
     """True when ``triton`` imports in this environment."""
     return triton is not None
-
-
-def _interpret_enabled() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in {"1", "true", "yes", "on"}
 
 
 if triton is not None:
@@ -211,8 +207,8 @@ _KERNELS: dict[bool, tuple] = {}
 
 
 def _kernels() -> tuple:
-    """(shrink, expand) decorated for the current interpreter setting (cached per setting)."""
-    interpret = _interpret_enabled()
+    """(shrink, expand) decorated for the interpreter setting (``twinkle.env.triton_interpret``)."""
+    interpret = triton_interpret()
     if interpret not in _KERNELS:
         _KERNELS[interpret] = (triton.jit(_seg_shrink_kernel), triton.jit(_seg_expand_kernel))
     return _KERNELS[interpret]
@@ -479,7 +475,7 @@ def segmented_lora_triton(
             "segmented_lora_triton needs the 'triton' package, which failed to import "
             f"({_TRITON_IMPORT_ERROR!r}); install triton or use segmented_lora_reference"
         )
-    interpret = _interpret_enabled()
+    interpret = triton_interpret()
     if x.device.type == "cpu" and not interpret:
         raise RuntimeError(
             "segmented_lora_triton on CPU tensors needs the Triton interpreter: set "

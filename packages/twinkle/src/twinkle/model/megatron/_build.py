@@ -3,7 +3,9 @@
 The CUDA shims megatron-core needs on a CPU-only torch live here and nowhere else:
 ``torch.cuda.current_device`` is replaced only for the duration of a forward pass
 (:func:`._shims.cpu_shims`), and megatron's CUDA RNG tracker is swapped for a no-op one only when the
-process has no CUDA (dropout is 0 in this backend, so the tracker never draws numbers).
+process has no CUDA (dropout is 0 in this backend, so the tracker never draws numbers); in such a
+process megatron's CUDA RNG state save and restore (activation recompute's checkpoint, which also
+saves and restores the CPU generator's) are no-ops too.
 """
 
 from __future__ import annotations
@@ -92,6 +94,14 @@ class _NoopRngTracker:
         pass
 
 
+def _no_cuda_rng_state(*_args: Any, **_kwargs: Any) -> None:
+    return None
+
+
+def _set_no_cuda_rng_state(*_args: Any, **_kwargs: Any) -> None:
+    pass
+
+
 def quiet_megatron_warnings() -> None:
     """Silence megatron-core 0.16 notices that say nothing to a twinkle user (no apex, default tp
     group, deprecated cuda-graph scope): they are emitted on every build or forward pass."""
@@ -140,12 +150,33 @@ def init_megatron(device: torch.device, seed: int = 0, tp_size: int = 1, pp_size
     if device.type == "cpu" and not torch.cuda.is_available():
         mrandom._CUDA_RNG_STATE_TRACKER = _NoopRngTracker()
         mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+        # Recompute's CheckpointFunction saves and restores the CUDA generator's state as well
+        # as the CPU one's; a torch without CUDA has no such state to read.
+        mrandom._get_cuda_rng_state = _no_cuda_rng_state
+        mrandom._set_cuda_rng_state = _set_no_cuda_rng_state
     elif device.type == "cuda" and not mrandom.get_cuda_rng_tracker().get_states():
         mrandom.model_parallel_cuda_manual_seed(seed)  # untested here: no GPU on dev machines
 
 
-def transformer_config(hf_config: Any, dtype: torch.dtype, pp_size: int = 1):
-    """Megatron's ``TransformerConfig`` equal to a Qwen3 HF config (RMSNorm, SwiGLU, GQA, qk-norm)."""
+def recompute_kwargs(recompute: bool) -> dict[str, Any]:
+    """megatron-core's full activation recompute, one decoder layer per checkpoint (each layer
+    keeps only its input and runs again in the backward), or none. Megatron recomputes only in
+    a ``TransformerBlock`` in training mode: :class:`._model.MegatronRecompute` sets that per
+    pass."""
+    if not recompute:
+        return {}
+    return {
+        "recompute_granularity": "full",
+        "recompute_method": "uniform",
+        "recompute_num_layers": 1,
+    }
+
+
+def transformer_config(
+    hf_config: Any, dtype: torch.dtype, pp_size: int = 1, recompute: bool = False
+):
+    """Megatron's ``TransformerConfig`` equal to a Qwen3 HF config (RMSNorm, SwiGLU, GQA, qk-norm);
+    ``recompute``: with megatron's full per-layer recompute settings (:func:`recompute_kwargs`)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     return TransformerConfig(
@@ -179,14 +210,18 @@ def transformer_config(hf_config: Any, dtype: torch.dtype, pp_size: int = 1):
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
         **_moe.config_kwargs(hf_config),  # MoE layers: experts, router (empty when dense)
+        **recompute_kwargs(recompute),
     )
 
 
-def build_gpt(hf_config: Any, dtype: torch.dtype, pp_size: int = 1, stage: int = 0):
+def build_gpt(
+    hf_config: Any, dtype: torch.dtype, pp_size: int = 1, stage: int = 0, recompute: bool = False
+):
     """The GPTModel of pipeline stage ``stage`` (embedding on the first, final norm and output
     layer on the last). Under pp > 1 the output layer is untied: megatron would tie it to the
     first stage's embedding with a construction-time all-reduce that moves the weight to
-    ``.cuda()``; the base is frozen, so a loaded copy is exact."""
+    ``.cuda()``; the base is frozen, so a loaded copy is exact. ``recompute``: configured for
+    megatron's activation recompute (used only in the passes that turn it on)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
@@ -195,7 +230,7 @@ def build_gpt(hf_config: Any, dtype: torch.dtype, pp_size: int = 1, stage: int =
     if _moe.is_moe(hf_config):
         _moe.install_shims()
     return GPTModel(
-        config=transformer_config(hf_config, dtype, pp_size),
+        config=transformer_config(hf_config, dtype, pp_size, recompute),
         transformer_layer_spec=get_gpt_layer_local_spec(
             num_experts=_moe.num_experts(hf_config), qk_layernorm=True, normalization="RMSNorm"
         ),

@@ -17,10 +17,25 @@ logits (its vocab shard at tp > 1, before the logits gather). With tied embeddin
 the embedding weight into ``output_layer``; the adapter still adapts only the output, as PEFT's
 does on a tied HF ``lm_head``. Under pipeline parallel it sits on the last stage (whose output
 layer is untied: the first stage's embedding stays frozen as it is).
+
+Logits-free log-probs (one pipeline stage): :meth:`MegatronCausalLM.last_hidden_states` stops at
+the final normalised hidden states (the output layer hands its input back instead of the logits)
+and :meth:`MegatronCausalLM.linear_head_weight` gives the output layer's weight (the embedding's
+where tied), so the step takes log-probs from them in chunks of tokens
+(:mod:`twinkle.model.step.linear_logprobs`), the ``lm_head`` adapters' low-rank part included. At
+tp > 1 the weight is this rank's vocab shard and each chunk's row figures are reduced over the
+tensor-parallel group (:meth:`MegatronCausalLM.vocab_shard`): no rank holds a whole row of logits.
+
+Activation recompute: :class:`MegatronRecompute` runs megatron-core's own full per-layer recompute
+(``_build.recompute_kwargs``) in the passes the step turns it on for, with each tenant's row routes
+replayed when a layer runs again in the backward.
 """
 
 from __future__ import annotations
 
+import types
+import weakref
+from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
@@ -30,6 +45,7 @@ from torch import nn
 from twinkle.model.lora import LoraRouter, MultiLoraLinear
 from twinkle.model.megatron import _moe, _moe_lora, _tp_lora
 from twinkle.model.megatron._shims import cpu_shims
+from twinkle.model.step.linear_logprobs import VocabShard
 
 
 class _ShapeOnlyLinear(nn.Module):
@@ -161,6 +177,9 @@ class _LoraOutputLayer(nn.Module):
     def __init__(self, base: nn.Module, part: MultiLoraLinear, tp_size: int = 1) -> None:
         super().__init__()
         self.base, self.tp_size = base, tp_size
+        #: While set, the layer hands its input (the final hidden states) back in place of the
+        #: logits (:meth:`MegatronCausalLM.last_hidden_states`).
+        self.pass_hidden = False
         object.__setattr__(self, "part", part)  # registered in the HF view's place only
 
     def __getattr__(self, name: str) -> Any:
@@ -171,6 +190,8 @@ class _LoraOutputLayer(nn.Module):
             return getattr(self.base, name)
 
     def forward(self, x: torch.Tensor, weight=None, runtime_gather_output=None):
+        if self.pass_hidden:  # GPTModel turns it batch-first, as it does the logits
+            return x, None
         segments = self.part.segments(x.shape[1])
         if not segments:
             return self.base(x, weight=weight, runtime_gather_output=runtime_gather_output)
@@ -189,6 +210,104 @@ class _LoraOutputLayer(nn.Module):
 
             logits = gather_from_tensor_model_parallel_region(logits)
         return logits, bias
+
+
+def _megatron_recomputing() -> bool:
+    """Whether megatron's checkpoint is running its function (its rerun, in the backward)."""
+    from megatron.core.tensor_parallel import random as mrandom
+
+    return mrandom.IS_CHECKPOINTING
+
+
+class MegatronRecompute:
+    """The switch of one megatron model's activation recompute (the interface of the
+    transformers backend's :class:`~twinkle.model.transformers.recompute.LayerRecompute`).
+
+    megatron-core recomputes (its config's full, uniform, one-layer recompute) only in a
+    ``TransformerBlock`` in training mode; the base model stays in eval mode, so the block is put
+    in training mode for the passes the step turns recompute on for (:meth:`enabled`) that build
+    a graph. Its ``CheckpointFunction`` runs each layer without a graph, keeps the layer's input
+    and runs the layer again inside the backward, after the pass's route context has exited. So:
+
+    - the layer's first run takes a graph all the same (dropped at once: one layer's activations
+      live at a time), so the LoRA dropout, which applies where a graph is built, draws its masks
+      as a pass without recompute does; megatron's checkpoint restores the generators' states
+      before the rerun, so the rerun draws the same masks;
+    - each first run records the router's state (routes, direct-gradient anchors) under its
+      input's storage, which the checkpoint keeps for the rerun; the rerun restores it, so every
+      row goes through the adapter it went through in the forward (any number of passes or
+      pipeline microbatches in flight);
+    - the block's input is made to require a gradient (the embedding is frozen): megatron's
+      checkpoint gives a gradient only to a layer whose inputs need one.
+
+    Attributes:
+        layers: Qualified names of the decoder layers that recompute.
+        active: Whether passes with gradients recompute now.
+    """
+
+    def __init__(self, gpt: nn.Module, router: LoraRouter, device: torch.device) -> None:
+        self.router, self.device = router, device
+        self.active = False
+        self.layers: list[str] = []
+        self._first_run = False  # inside a recomputing block's forward
+        self._replay: dict[tuple[int, int], tuple[weakref.ref, tuple]] = {}
+        decoder = gpt.decoder
+        decoder.forward = types.MethodType(self._block(decoder.forward), decoder)
+        for i, layer in enumerate(decoder.layers):
+            layer.forward = types.MethodType(self._layer(layer.forward), layer)
+            self.layers.append(f"decoder.layers.{i}")
+
+    @contextmanager
+    def enabled(self, on: bool = True):
+        """Recompute in the passes inside the block when ``on``."""
+        previous, self.active = self.active, on
+        try:
+            yield
+        finally:
+            self.active = previous
+
+    def _block(self, plain):
+        def forward(block, *args: Any, **kwargs: Any):
+            if not (self.active and torch.is_grad_enabled()):
+                return plain(*args, **kwargs)
+            hidden = kwargs.get("hidden_states")
+            if hidden is not None and not hidden.requires_grad:
+                kwargs["hidden_states"] = hidden.detach().requires_grad_(True)
+            training, first = block.training, self._first_run
+            block.training, self._first_run = True, True
+            try:
+                return plain(*args, **kwargs)
+            finally:
+                block.training, self._first_run = training, first
+
+        return forward
+
+    def _layer(self, plain):
+        def forward(layer, *args: Any, **kwargs: Any):
+            hidden = kwargs.get("hidden_states", args[0] if args else None)
+            if self._first_run and not torch.is_grad_enabled():
+                # The checkpoint's first run: record the routes, run as a pass with a graph.
+                self._remember((id(layer), hidden.data_ptr()), hidden)
+                with torch.enable_grad():
+                    out = plain(*args, **kwargs)
+                return tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in out)
+            if not (torch.is_grad_enabled() and _megatron_recomputing()):
+                return plain(*args, **kwargs)
+            # The rerun inside the backward: the routes of the layer's first run.
+            entry = self._replay.pop((id(layer), hidden.data_ptr()), None)
+            if entry is None:
+                raise RuntimeError("a recomputed decoder layer has no recorded row routes")
+            with self.router.restored(entry[1]), cpu_shims(self.device):
+                return plain(*args, **kwargs)
+
+        return forward
+
+    def _remember(self, key: tuple[int, int], hidden: torch.Tensor) -> None:
+        def forget(ref: weakref.ref) -> None:
+            if self._replay.get(key, (None,))[0] is ref:
+                del self._replay[key]
+
+        self._replay[key] = (weakref.ref(hidden, forget), self.router.snapshot())
 
 
 class MegatronCausalLM(nn.Module):
@@ -263,6 +382,28 @@ class MegatronCausalLM(nn.Module):
         # The HF view's LM head: 'all-linear' leaves it out, as peft does; naming it adapts it.
         return getattr(self, "lm_head", None)
 
+    def linear_head_weight(self) -> torch.Tensor | None:
+        """The output layer's ``[vocab, hidden]`` weight, which the step takes log-probs from
+        with :meth:`last_hidden_states` (the input embedding's where tied; the ``lm_head``
+        adapters come from :meth:`get_output_embeddings`): at tp > 1 this rank's vocab shard
+        (:meth:`vocab_shard`). ``None`` without an output layer."""
+        output_layer = getattr(self.gpt, "output_layer", None)
+        if not isinstance(output_layer, _LoraOutputLayer):
+            return None
+        if self.gpt.share_embeddings_and_output_weights:
+            return self.gpt.shared_embedding_or_output_weight()
+        return output_layer.base.weight
+
+    def vocab_shard(self) -> VocabShard | None:
+        """At tp > 1, where this rank's rows of :meth:`linear_head_weight` sit in the vocabulary
+        and how its tensor-parallel group combines them (``None`` at tp 1)."""
+        return tp_vocab_shard(self.config.vocab_size) if self.tp_size > 1 else None
+
+    def install_recompute(self, router: LoraRouter) -> MegatronRecompute:
+        """Activation recompute for this model's decoder layers (built with megatron's recompute
+        settings, ``_build.recompute_kwargs``); off until :meth:`MegatronRecompute.enabled`."""
+        return MegatronRecompute(self.gpt, router, self._device)
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -270,12 +411,49 @@ class MegatronCausalLM(nn.Module):
         position_ids: torch.Tensor | None = None,
         **_: Any,
     ) -> SimpleNamespace:
+        return SimpleNamespace(logits=self._run(input_ids, attention_mask, position_ids))
+
+    def last_hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        **_: Any,
+    ) -> torch.Tensor:
+        """``[batch, seq, hidden]``: the final normalised hidden states, the output layer's input
+        (no logits computed)."""
+        output_layer = self.gpt.output_layer
+        output_layer.pass_hidden = True
+        try:
+            return self._run(input_ids, attention_mask, position_ids)
+        finally:
+            output_layer.pass_hidden = False
+
+    def _run(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         position_ids, mask = megatron_inputs(input_ids, attention_mask, position_ids)
         self.rows_computed += input_ids.shape[0]
         self.tokens_computed += input_ids.numel()
         with cpu_shims(self._device):
-            logits = self.gpt(input_ids, position_ids, mask)
-        return SimpleNamespace(logits=logits)
+            return self.gpt(input_ids, position_ids, mask)
+
+
+def tp_vocab_shard(vocab_size: int) -> VocabShard:
+    """This rank's contiguous rows of a ``vocab_size`` head split over megatron's tensor-parallel
+    group (as its vocab-parallel output layer and embedding split it)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel.mappings import (
+        copy_to_tensor_model_parallel_region,
+        gather_from_tensor_model_parallel_region,
+    )
+
+    rows = vocab_size // ps.get_tensor_model_parallel_world_size()
+    return VocabShard(
+        start=ps.get_tensor_model_parallel_rank() * rows,
+        group=ps.get_tensor_model_parallel_group(),
+        enter=copy_to_tensor_model_parallel_region,
+        rows_of=_tp_lora.vocab_rows,
+        gather=gather_from_tensor_model_parallel_region,
+    )
 
 
 def megatron_inputs(

@@ -149,6 +149,10 @@ class PipelineCausalLM(MegatronCausalLM):
         like = next(self.gpt.parameters())
         return _ShapeOnlyLinear(self.config.hidden_size, self.config.vocab_size, like)
 
+    def linear_head_weight(self) -> None:
+        """None: a stage's call is the pipeline, which gives logits (materialised log-probs)."""
+        return None
+
     def isend(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
         self._pending.append((dist.isend(tensor, dst, tag=tag), tensor))
 

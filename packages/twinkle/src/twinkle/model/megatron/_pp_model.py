@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -36,7 +37,7 @@ from twinkle.model import multi_step, torch_compat
 from twinkle.model.lora.inject import PEFT_PREFIX
 from twinkle.model.megatron._pp import PipelineCausalLM, check_pp
 from twinkle.model.megatron.multi_lora import MultiLoraMegatronModel
-from twinkle.model.step.optimizer import forget_gradients
+from twinkle.model.tenant import Tenant
 from twinkle.model.transformers import _checkpoints
 
 _LAYER = re.compile(re.escape(PEFT_PREFIX) + r"model\.layers\.(\d+)\.")
@@ -246,75 +247,56 @@ class PipelineMegatronModel(MultiLoraMegatronModel):
                 grads = [g for part in _gather([p.grad for p in tenant.params]) for g in part]
         path = None
         if self._is_writer():
-            proxy = copy.copy(tenant)
-            if with_optimizer:
-                proxy.optimizer = SimpleNamespace(
-                    state_dict=lambda: optimizer, param_groups=tenant.optimizer.param_groups
-                )
-                proxy.params = [SimpleNamespace(grad=g) for g in grads or []]
-            original = _checkpoints.adapter_state_dict
-            _checkpoints.adapter_state_dict = lambda model, name: weights
-            try:
-                path = _checkpoints.save(
-                    proxy,
-                    self.model,
-                    model_id=self.model_id,
-                    model_dir=self.model_dir,
-                    name=name,
-                    output_dir=output_dir,
-                    save_optimizer=save_optimizer,
-                    consumed_train_samples=consumed_train_samples,
-                )
-            finally:
-                _checkpoints.adapter_state_dict = original
+            path = _checkpoints.save(
+                tenant,
+                self.model,
+                model_id=self.model_id,
+                model_dir=self.model_dir,
+                name=name,
+                output_dir=output_dir,
+                save_optimizer=save_optimizer,
+                consumed_train_samples=consumed_train_samples,
+                weights=weights,
+                optimizer_state=optimizer,
+                grads=grads,
+            )
         (path,) = [p for p in _gather(path, world=True) if p is not None]
         return path
 
     def load(self, path: str | os.PathLike, adapter_name: str | None = None, **kwargs: Any):
         """Load adapter weights only; each stage keeps its layers."""
-        from safetensors.torch import load_file
-
         tenant = self.tenant(adapter_name)
-        directory = ckpt.require_checkpoint(path)
-        config_path = directory / ckpt.ADAPTER_CONFIG
-        saved_rank = ckpt.read_json(config_path).get("r") if config_path.is_file() else None
-        if saved_rank is not None and saved_rank != tenant.spec.r:
-            raise ValueError(
-                f"checkpoint {directory} has rank {saved_rank}, adapter {tenant.name!r} has "
-                f"rank {tenant.spec.r}"
-            )
-        state = load_file(str(directory / ckpt.ADAPTER_WEIGHTS))
-        _checkpoints.check_finite_weights(state)
-        self.load_adapter_state_dict(state, adapter_name=tenant.name)
-        forget_gradients(tenant)
+        _checkpoints.load_weights(tenant, self.model, path, self._stage_loader(tenant))
+
+    def _stage_loader(self, tenant: Tenant) -> Callable[[dict[str, torch.Tensor]], None]:
+        """Puts a whole adapter state into ``tenant``: this stage's layers."""
+        return functools.partial(self.load_adapter_state_dict, adapter_name=tenant.name)
 
     def resume_from_checkpoint(self, path: str | os.PathLike, adapter_name: str | None = None):
         """As the one-process model's: weights and this stage's part of the optimizer state."""
         tenant = self.tenant(adapter_name)
         counts = _gather(len(tenant.params))
         offset, count = sum(counts[: self.stage]), counts[self.stage]
-        directory = Path(path)
-        original_load, original_torch_load = _checkpoints.load_weights, _checkpoints.torch.load
 
-        def load_weights(tenant_, model_, directory_):
-            self.load(directory_, adapter_name=tenant_.name)
-
-        def torch_load(file, **kw):
-            value = original_torch_load(file, **kw)
-            name = Path(file).name
-            if name == ckpt.OPTIMIZER_STATE:
+        def read(file: Path) -> Any:
+            # This stage's slice of the state of every stage's parameters.
+            value = _checkpoints.read_state(file)
+            if file.name == ckpt.OPTIMIZER_STATE:
                 return slice_optimizer_state(value, offset, count)
-            if name == ckpt.PENDING_GRADS:
+            if file.name == ckpt.PENDING_GRADS:
                 return value[offset : offset + count]
             return value
 
-        # _checkpoints.resume is the one-process logic; only its weight and state reads are
-        # this stage's slices (one worker process, one call at a time).
-        _checkpoints.load_weights, _checkpoints.torch.load = load_weights, torch_load
-        try:
-            return super().resume_from_checkpoint(directory, adapter_name=tenant.name)
-        finally:
-            _checkpoints.load_weights, _checkpoints.torch.load = original_load, original_torch_load
+        return _checkpoints.resume(
+            tenant,
+            self.model,
+            self.model_id,
+            Path(path),
+            set_optimizer=functools.partial(self.set_optimizer, adapter_name=tenant.name),
+            set_lr_scheduler=functools.partial(self.set_lr_scheduler, adapter_name=tenant.name),
+            load_state=self._stage_loader(tenant),
+            read=read,
+        )
 
 
 __all__ = ["PipelineMegatronModel", "clip_grad_norms_over_stages", "merge_optimizer_states"]

@@ -18,7 +18,6 @@ Both answer ``run(name, messages)`` with every rank's ``(ok, value)`` and raise 
 
 from __future__ import annotations
 
-import os
 import socket
 import traceback
 from dataclasses import dataclass, field
@@ -62,9 +61,10 @@ def build_rank(rank: int, world: int, host: str, port: int, kwargs: dict) -> Ran
     import torch
     import torch.distributed as dist
 
+    from twinkle.env import TWINKLE_MEGATRON_THREADS
     from twinkle.model.megatron import _moe
 
-    torch.set_num_threads(int(os.environ.get("TWINKLE_MEGATRON_THREADS", "1")))
+    torch.set_num_threads(TWINKLE_MEGATRON_THREADS.get())
     kwargs = dict(kwargs)
     cuda = torch.cuda.is_available() and kwargs.get("device") != "cpu"
     if cuda:  # under Ray the actor sees its one GPU only: device 0

@@ -12,10 +12,10 @@ port free there; every rank then builds at once (:func:`~._ranks.build_rank`).
 
 from __future__ import annotations
 
-import os
 import socket
 from typing import Any
 
+from twinkle.env import with_prefix
 from twinkle.model.megatron._ranks import (
     CALL_TIMEOUT_S,
     DEFAULT_RAY_CPUS,
@@ -139,7 +139,7 @@ class RayRanks:
         import ray
 
         # The driver's TWINKLE_MEGATRON_* settings (threads) reach ranks on other nodes too.
-        env = {k: v for k, v in os.environ.items() if k.startswith("TWINKLE_MEGATRON_")}
+        env = with_prefix("TWINKLE_MEGATRON_")
         remote = ray.remote(RankActor)
         self.actors = [
             remote.options(

@@ -53,6 +53,12 @@ class _Shard(torch.autograd.Function):
         return torch.cat(parts, dim=ctx.dim), None
 
 
+def vocab_rows(full: torch.Tensor) -> torch.Tensor:
+    """This rank's rows of a whole ``[vocab, r]`` tensor (an ``lm_head`` adapter's ``B``, as the
+    vocab-parallel output layer splits the vocabulary); its gradient is gathered whole."""
+    return _Shard.apply(full, 0)
+
+
 def _rows_delta(
     xb: torch.Tensor, segments: list[LoraSegment], out_features: int, one_segment
 ) -> torch.Tensor:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import re
 from typing import Any
@@ -77,6 +78,11 @@ class MultiLoraMegatronModel(MultiLoraTransformersModel):
 
     #: The base model's wrapper (a pipeline stage's model replaces it: ``_pp``).
     causal_lm_class = MegatronCausalLM
+    #: As the transformers backend's, less paging: adapters sharded over tensor-parallel ranks
+    #: are not paged.
+    capabilities = dataclasses.replace(
+        MultiLoraTransformersModel.capabilities, adapter_paging=False
+    )
 
     def __init__(
         self,
@@ -117,7 +123,11 @@ class MultiLoraMegatronModel(MultiLoraTransformersModel):
         # This pipeline stage's HF layers (all of them at pp 1), megatron's even split.
         per_stage = hf_config.num_hidden_layers // pp_size
         self.layers = range(self.stage * per_stage, (self.stage + 1) * per_stage)
-        gpt = _build.build_gpt(hf_config, dtype, pp_size, self.stage)
+        # megatron-core's own recompute settings, in the config when the options may use them;
+        # the step turns them on per pass (``on``: every training pass; ``auto``: a pass over
+        # the budget), as on the transformers backend.
+        recompute = self.options.activation_recompute != "off"
+        gpt = _build.build_gpt(hf_config, dtype, pp_size, self.stage, recompute=recompute)
         _build.load_hf_weights(
             gpt,
             _build.read_hf_state_dict(self.model_dir),
@@ -132,6 +142,7 @@ class MultiLoraMegatronModel(MultiLoraTransformersModel):
         )
         self.model.requires_grad_(False)
         self.model.eval()
+        self.recompute = self.model.install_recompute(self.router) if recompute else None
         self.seed = seed
         self.tenants = {}
         self.pager = None  # as the transformers backend's (enable_paging sets it)

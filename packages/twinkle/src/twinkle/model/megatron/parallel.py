@@ -17,6 +17,7 @@ every rank takes part and one writes: one standard PEFT checkpoint, written once
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from twinkle.model.megatron import _moe
@@ -55,8 +56,6 @@ def one_pass(options: Any) -> Any:
     """``options`` with every fused training call run as one pass (``max_pass_tokens`` 0, no
     row chunks): under expert parallel each rank's pass count must match its peers' (their MoE
     all-to-alls pair up), and a token budget would cut ranks' unequal shares differently."""
-    import dataclasses
-
     from twinkle.model.options import resolve_options
 
     return dataclasses.replace(resolve_options(options), max_pass_tokens=0, split_batches=False)
@@ -86,8 +85,9 @@ class ParallelMegatronModel:
         RuntimeError: A worker failed to start (its error is the cause).
     """
 
-    #: What the server offers (``capabilities_of`` reads the class): the in-process model's.
-    capabilities = MultiLoraMegatronModel.capabilities
+    #: What the server offers (``capabilities_of`` reads the class): the in-process model's,
+    #: less ``tenant``: the tenants live in the rank processes.
+    capabilities = dataclasses.replace(MultiLoraMegatronModel.capabilities, local_tenants=False)
 
     def __init__(
         self,

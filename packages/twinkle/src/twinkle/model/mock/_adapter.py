@@ -86,6 +86,13 @@ class AdapterState:
     train_totals: MetricTotals = field(default_factory=MetricTotals)
     eval_totals: MetricTotals = field(default_factory=MetricTotals)
     history: TrainingHistoryRecorder = field(default_factory=TrainingHistoryRecorder)
+    #: The owner's name for the adapter where ``name`` is a key the owner never reads (a
+    #: server's internal id): what messages show (as ``twinkle.model.tenant.Tenant``).
+    display_name: str | None = None
+
+    @property
+    def label(self) -> str:
+        return self.display_name or self.name
 
     @classmethod
     def create(cls, name: str, config: Any, hidden_size: int, seed: int, accum: int):

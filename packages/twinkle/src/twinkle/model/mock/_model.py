@@ -44,7 +44,7 @@ class MockModel:
     """
 
     # One tenant at a time: the mock has no fused pass or batched step (the server runs each
-    # tenant's call on its own).
+    # tenant's call on its own), no paging, and no adapter tensors to hand over.
     capabilities = Capabilities()
 
     def __init__(
@@ -69,9 +69,11 @@ class MockModel:
         config: Any,
         gradient_accumulation_steps: int = 1,
         seed: int | None = None,
+        display_name: str | None = None,
     ) -> None:
         """Add a LoRA adapter; ``config`` has ``r`` and ``lora_alpha`` (attributes or keys);
-        ``seed`` overrides the model's seed for this adapter's initialisation."""
+        ``seed`` overrides the model's seed for this adapter's initialisation;
+        ``display_name`` is the name messages show (see ``Tenant.display_name``)."""
         if adapter_name in self._adapters:
             raise InvalidArgumentError(f"adapter {adapter_name!r} already exists")
         self._adapters[adapter_name] = AdapterState.create(
@@ -81,6 +83,7 @@ class MockModel:
             self.seed if seed is None else int(seed),
             gradient_accumulation_steps,
         )
+        self._adapters[adapter_name].display_name = display_name
 
     def remove_adapter(self, adapter_name: str) -> None:
         """Drop an adapter with all its state."""
@@ -180,7 +183,7 @@ class MockModel:
         state = self._resolve(adapter_name)
         if state.optimizer is None:
             raise InvalidArgumentError(
-                f"adapter {state.name!r} has no optimizer; call set_optimizer first"
+                f"adapter {state.label!r} has no optimizer; call set_optimizer first"
             )
         if max_grad_norm is not None:
             numerics.check_value("max_grad_norm", max_grad_norm)
@@ -206,7 +209,7 @@ class MockModel:
         state = self._resolve(adapter_name)
         if not state.pending_grads:
             raise StateOrderError(
-                f"adapter {state.name!r}: optim_step without gradients: call forward_backward first"
+                f"adapter {state.label!r}: optim_step without gradients: call forward_backward first"
             )
         numerics.check_adam_params(params)
         if params.learning_rate == 0:  # nothing applied: the norm reported, the gradients dropped
@@ -313,7 +316,7 @@ class MockModel:
         config = ckpt.read_json(path, ckpt.ADAPTER_CONFIG)
         if int(config["r"]) != s.rank:
             raise InvalidArgumentError(
-                f"checkpoint rank {config['r']} does not match adapter {s.name!r} rank {s.rank}"
+                f"checkpoint rank {config['r']} does not match adapter {s.label!r} rank {s.rank}"
             )
         params = ckpt.read_arrays(path, ckpt.ADAPTER_WEIGHTS)
         for key, value in params.items():

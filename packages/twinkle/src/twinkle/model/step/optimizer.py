@@ -30,7 +30,7 @@ def clip_grad_norm(tenant: Tenant, max_grad_norm: float, small: SmallRule) -> fl
     grads = tenant_grads(tenant)
     if not tenant.pending_grads or not grads:
         raise StateOrderError(
-            f"adapter {tenant.name!r} has no gradients: call forward_backward first"
+            f"adapter {tenant.label!r} has no gradients: call forward_backward first"
         )
     with one_thread(small(grads)):
         (norm,) = multi_step.clip_grad_norms([grads], max_grad_norm)
@@ -58,7 +58,7 @@ def clip_grad_and_step_many(
         grads_of[tenant.name] = tenant_grads(tenant)  # checks the flat buffer's views once
         if not tenant.pending_grads or not grads_of[tenant.name]:
             raise StateOrderError(
-                f"adapter {tenant.name!r} has no gradients: call forward_backward before step"
+                f"adapter {tenant.label!r} has no gradients: call forward_backward before step"
             )
     # Counted once the step went through: a failed batched step is rerun tenant by tenant, and
     # must not move anyone's accumulation window twice.
@@ -102,7 +102,7 @@ def optim_step(
     numerics.check_adam_params(params)
     if not tenant.pending_grads:
         raise StateOrderError(
-            f"adapter {tenant.name!r}: optim_step without gradients: call forward_backward first"
+            f"adapter {tenant.label!r}: optim_step without gradients: call forward_backward first"
         )
     # The same kernels as clip_grad_and_step: the flat buffers when every .grad is a view of
     # them (after a fused or data-parallel step the gradients live there).

@@ -18,7 +18,7 @@ import torch
 from twinkle.model.lora import LoraRouter, MultiLoraLinear, RowRoute
 from twinkle.model.options import ExecutionOptions
 from twinkle.model.step.batch import PAD_VALUES, TenantBatch
-from twinkle.model.step.linear_logprobs import LoraHeadRows, linear_token_logprobs
+from twinkle.model.step.linear_logprobs import LoraHeadRows, VocabShard, linear_token_logprobs
 from twinkle.model.step.tensors import IGNORE_INDEX, token_entropies, token_logprobs
 from twinkle.model.step.vision import vision_inputs
 
@@ -62,26 +62,37 @@ class PassOutput:
     head: torch.Tensor | None = None
     head_lora: tuple[LoraHeadRows, ...] = ()
     """Rows whose head carries an adapter, with its low-rank part (logits-free passes)."""
+    shard: VocabShard | None = None
+    """``head`` is this process's vocabulary rows of a head split over a group."""
 
     def logits_of(self, rows: slice) -> torch.Tensor:
         """Logits of ``rows`` (computed here when the pass kept none)."""
         if self.logits is not None:
             return self.logits[rows]
-        logits = self.hidden[rows] @ self.head.T
+        enter = self.shard.enter if self.shard is not None else (lambda t: t)
+        logits = enter(self.hidden[rows]) @ self.head.T
         start, stop, _ = rows.indices(self.hidden.shape[0])
         for seg in self.head_lora:
             lo, hi = max(start, seg.start), min(stop, seg.end)
             if lo < hi:
-                part = seg.u[lo - seg.start : hi - seg.start] @ seg.lora_B.T.to(seg.u.dtype)
+                lora_B = seg.lora_B if self.shard is None else self.shard.rows_of(seg.lora_B)
+                u = enter(seg.u[lo - seg.start : hi - seg.start])
+                part = u @ lora_B.T.to(seg.u.dtype)
                 logits[lo - start : hi - start] += part.to(logits.dtype)
-        return logits
+        return logits if self.shard is None else self.shard.gather(logits)
 
 
 def linear_head(base_model: torch.nn.Module) -> torch.Tensor | None:
     """The weight of ``base_model``'s LM head when logits are exactly ``hidden @ weight.T`` (a
     plain ``nn.Linear`` without bias, no logit transform in the config, the decoder reachable as
     the model's base), plus, where the head carries adapters (:func:`lora_head`), each routed
-    row's low-rank delta; else ``None``."""
+    row's low-rank delta; else ``None``. A model that builds its own decoder (the megatron
+    backend's) answers through its ``linear_head_weight()`` (under tensor parallel its vocab
+    shard, which its ``vocab_shard()`` describes) and gives the hidden states through its
+    ``last_hidden_states(...)``."""
+    own = getattr(base_model, "linear_head_weight", None)
+    if callable(own):
+        return own()
     head = (
         base_model.get_output_embeddings() if hasattr(base_model, "get_output_embeddings") else None
     )
@@ -125,6 +136,15 @@ def _head_rows(head: MultiLoraLinear | None, hidden: torch.Tensor) -> tuple[Lora
     return tuple(rows)
 
 
+def _last_hidden_states(base_model: torch.nn.Module, stacked: dict) -> torch.Tensor:
+    """The last (normalised) hidden states of a pass, without the LM head."""
+    own = getattr(base_model, "last_hidden_states", None)
+    if callable(own):
+        return own(**stacked)
+    decoder = getattr(base_model, base_model.base_model_prefix)
+    return decoder(**stacked, use_cache=False)[0]
+
+
 def run_base(
     base_model: torch.nn.Module,
     router: LoraRouter,
@@ -151,9 +171,9 @@ def run_base(
     head = linear_head(base_model) if logits_free else None
     with router.route(routes or [], vision_routes if routes else None):
         if head is not None:
-            decoder = getattr(base_model, base_model.base_model_prefix)
-            out = decoder(**stacked, use_cache=False)
-            return PassOutput(None, out[0], head, _head_rows(lora_head(base_model), out[0]))
+            last = _last_hidden_states(base_model, stacked)
+            shard = base_model.vocab_shard() if hasattr(base_model, "vocab_shard") else None
+            return PassOutput(None, last, head, _head_rows(lora_head(base_model), last), shard)
         out = base_model(**stacked, use_cache=False, output_hidden_states=hidden)
     return PassOutput(out.logits, out.hidden_states[-1] if hidden else None)
 
@@ -283,7 +303,13 @@ def _attach_logprobs(
     targets = targets.to(source.device)
     if out.logits is None:
         logprobs, hits, entropy = linear_token_logprobs(
-            out.hidden, out.head, targets, options.linear_chunk_bytes, entropies, out.head_lora
+            out.hidden,
+            out.head,
+            targets,
+            options.linear_chunk_bytes,
+            entropies,
+            out.head_lora,
+            out.shard,
         )
     else:
         logprobs = token_logprobs(out.logits, targets, options.logprob_chunk_bytes)

@@ -1,5 +1,10 @@
 """Save, load and resume one tenant of a shared base model (the transformers and megatron
-backends): each function takes the tenant and the base model, not the model class."""
+backends): each function takes the tenant and the base model, not the model class.
+
+A backend whose process holds part of a tenant (a pipeline stage) hands these functions the
+state to write and the way to read it back (``weights``, ``optimizer_state``, ``grads`` to
+:func:`save`; ``load_state`` to :func:`load_weights`, and with ``read`` to :func:`resume`).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from twinkle.env import TWINKLE_OUTPUT_DIR
 from twinkle.errors import InvalidArgumentError, PathNotFoundError
 from twinkle.model import checkpoint as ckpt
 from twinkle.model.lora import adapter_module_names, adapter_state_dict, load_adapter_state_dict
@@ -47,7 +53,7 @@ def _jsonable(value: Any) -> bool:
 
 
 def default_output_dir(tenant: Tenant) -> Path:
-    return Path(os.environ.get("TWINKLE_OUTPUT_DIR", "output")) / tenant.name
+    return Path(TWINKLE_OUTPUT_DIR.get()) / tenant.name
 
 
 def checkpoint_directory(
@@ -89,6 +95,9 @@ def save(
     output_dir: str | os.PathLike | None = None,
     save_optimizer: bool = False,
     consumed_train_samples: int | None = None,
+    weights: dict[str, torch.Tensor] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
+    grads: list[torch.Tensor | None] | None = None,
 ) -> str:
     """Write the tenant's adapter (PEFT layout) and, with ``save_optimizer``, its training state.
 
@@ -101,6 +110,9 @@ def save(
         output_dir: Parent directory (``$TWINKLE_OUTPUT_DIR/<adapter>`` when ``None``).
         save_optimizer: Also write optimizer, scheduler, RNG and pending gradients.
         consumed_train_samples: Data progress to store instead of the tenant's own count.
+        weights: The adapter state to write (default: the tenant's adapter on ``base_model``).
+        optimizer_state: The optimizer state to write (default: the tenant's optimizer's).
+        grads: The pending gradients to write (default: those of the tenant's parameters).
 
     Returns:
         The checkpoint directory path.
@@ -122,22 +134,37 @@ def save(
     }
     with ckpt.atomic_directory(final) as tmp:
         ckpt.write_json(tmp / ckpt.ADAPTER_CONFIG, _peft_config(tenant, base_model, model_dir))
-        save_file(adapter_state_dict(base_model, tenant.name), str(tmp / ckpt.ADAPTER_WEIGHTS))
+        if weights is None:
+            weights = adapter_state_dict(base_model, tenant.name)
+        save_file(weights, str(tmp / ckpt.ADAPTER_WEIGHTS))
         ckpt.write_json(tmp / ckpt.TRAINER_STATE, progress)
         if progress["has_optimizer"]:
-            torch.save(tenant.optimizer.state_dict(), tmp / ckpt.OPTIMIZER_STATE)
+            if optimizer_state is None:
+                optimizer_state = tenant.optimizer.state_dict()
+            torch.save(optimizer_state, tmp / ckpt.OPTIMIZER_STATE)
             if tenant.scheduler is not None:
                 torch.save(tenant.scheduler.state_dict(), tmp / ckpt.SCHEDULER_STATE)
             torch.save(ckpt.capture_rng_state(), tmp / ckpt.RNG_STATE)
             if tenant.pending_grads:
-                torch.save([p.grad for p in tenant.params], tmp / ckpt.PENDING_GRADS)
+                if grads is None:
+                    grads = [p.grad for p in tenant.params]
+                torch.save(grads, tmp / ckpt.PENDING_GRADS)
     return str(final)
 
 
-def load_weights(tenant: Tenant, base_model: torch.nn.Module, path: str | os.PathLike) -> None:
+def load_weights(
+    tenant: Tenant,
+    base_model: torch.nn.Module,
+    path: str | os.PathLike,
+    load_state: Callable[[dict[str, torch.Tensor]], None] | None = None,
+) -> None:
     """Load adapter weights only into the tenant's adapter on ``base_model``; gradients pending
     from before, the accumulation window and a kept forward are dropped (computed on the
     previous weights, they must not move the loaded ones).
+
+    Args:
+        load_state: Puts the checkpoint's whole adapter state into the tenant (default: into
+            its adapter on ``base_model``; a pipeline stage keeps its own layers).
 
     Raises:
         ValueError: The checkpoint's rank differs from the adapter's, or it holds non-finite
@@ -149,12 +176,20 @@ def load_weights(tenant: Tenant, base_model: torch.nn.Module, path: str | os.Pat
         saved_rank = ckpt.read_json(config_path).get("r")
         if saved_rank is not None and saved_rank != tenant.spec.r:
             raise ValueError(
-                f"checkpoint {directory} has rank {saved_rank}, adapter {tenant.name!r} has rank {tenant.spec.r}"
+                f"checkpoint {directory} has rank {saved_rank}, adapter {tenant.label!r} has rank {tenant.spec.r}"
             )
     state = load_file(str(directory / ckpt.ADAPTER_WEIGHTS))
     check_finite_weights(state)
-    load_adapter_state_dict(base_model, tenant.name, state)
+    if load_state is None:
+        load_adapter_state_dict(base_model, tenant.name, state)
+    else:
+        load_state(state)
     forget_gradients(tenant)
+
+
+def read_state(file: Path) -> Any:
+    """A torch-saved part of a checkpoint (optimizer, scheduler, RNG, pending gradients)."""
+    return torch.load(file, weights_only=False)
 
 
 def check_finite_weights(state: dict[str, torch.Tensor]) -> None:
@@ -178,6 +213,8 @@ def resume(
     *,
     set_optimizer: Callable[..., None],
     set_lr_scheduler: Callable[..., None],
+    load_state: Callable[[dict[str, torch.Tensor]], None] | None = None,
+    read: Callable[[Path], Any] = read_state,
 ) -> dict[str, Any]:
     """Restore weights, optimizer, scheduler, RNG and progress of the tenant.
 
@@ -189,6 +226,10 @@ def resume(
         set_optimizer: ``set_optimizer(name, **config)`` gives the tenant a new optimizer, for a
             tenant that has none yet (the backend's own rules apply, e.g. megatron's Adam only).
         set_lr_scheduler: ``set_lr_scheduler(name, **config)`` likewise for the scheduler.
+        load_state: As for :func:`load_weights`.
+        read: Reads one torch-saved file of the checkpoint (default :func:`read_state`); a
+            process that holds part of the tenant's parameters returns its part of the
+            optimizer state and pending gradients.
 
     Returns:
         The stored progress: ``cur_step``, ``consumed_train_samples``, ``micro_step``,
@@ -209,7 +250,7 @@ def resume(
         raise ValueError(
             f"{directory} was trained on {progress['base_model']}, this model is {model_id}"
         )
-    load_weights(tenant, base_model, directory)
+    load_weights(tenant, base_model, directory, load_state)
     if tenant.optimizer is None:
         configs = progress.get("train_configs", {}).get("optimizer") or {"name": "Adam"}
         configs = dict(configs)
@@ -223,23 +264,15 @@ def resume(
     ):
         scheduler_config = dict(scheduler_config)
         set_lr_scheduler(scheduler_config.pop("name"), **scheduler_config)
-    tenant.optimizer.load_state_dict(
-        torch.load(directory / ckpt.OPTIMIZER_STATE, weights_only=False)
-    )
+    tenant.optimizer.load_state_dict(read(directory / ckpt.OPTIMIZER_STATE))
     if tenant.scheduler is not None and (directory / ckpt.SCHEDULER_STATE).is_file():
-        tenant.scheduler.load_state_dict(
-            torch.load(directory / ckpt.SCHEDULER_STATE, weights_only=False)
-        )
-    ckpt.restore_rng_state(torch.load(directory / ckpt.RNG_STATE, weights_only=False))
+        tenant.scheduler.load_state_dict(read(directory / ckpt.SCHEDULER_STATE))
+    ckpt.restore_rng_state(read(directory / ckpt.RNG_STATE))
     tenant.cur_step = int(progress["cur_step"])
     tenant.micro_step = int(progress.get("micro_step", 0))
     tenant.consumed_train_samples = int(progress["consumed_train_samples"])
     pending = directory / ckpt.PENDING_GRADS
-    grads = (
-        torch.load(pending, weights_only=False)
-        if pending.is_file()
-        else [None] * len(tenant.params)
-    )
+    grads = read(pending) if pending.is_file() else [None] * len(tenant.params)
     for param, grad in zip(tenant.params, grads):
         param.grad = None if grad is None else grad.to(param.device)
     tenant.pending_grads = pending.is_file()

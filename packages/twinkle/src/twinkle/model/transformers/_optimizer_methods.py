@@ -35,7 +35,7 @@ class OptimizerMethods:
         tenant = self.tenant(adapter_name)
         if not tenant.pending_grads:
             raise StateOrderError(
-                f"adapter {tenant.name!r} has no gradients: call forward_backward before step"
+                f"adapter {tenant.label!r} has no gradients: call forward_backward before step"
             )
         self._ensure_optimizer(tenant)
         optimizer_steps.plain_step(tenant, agree=self._step_agreement)

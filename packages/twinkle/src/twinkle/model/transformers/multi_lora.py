@@ -89,6 +89,9 @@ class MultiLoraTransformersModel(CheckpointMethods, OptimizerMethods):
     capabilities = Capabilities(
         fused_forward_backward=True,
         batched_optimizer_step=True,
+        adapter_paging=True,
+        adapter_state_io=True,
+        local_tenants=True,
     )
     #: The decoder layers' recompute switch (``install_recompute``); ``None`` where the base
     #: model has none (``activation_recompute: off``, or a backend that builds its own model).
@@ -169,7 +172,9 @@ class MultiLoraTransformersModel(CheckpointMethods, OptimizerMethods):
         """Create tenant ``adapter_name`` with its own LoRA adapter: ``config`` is a
         ``peft.LoraConfig``, a dict, or a PEFT adapter directory (its ``adapter_config.json``).
         ``save_dir`` is where its checkpoints go when ``save()`` is given no ``output_dir``
-        (default ``$TWINKLE_OUTPUT_DIR/<adapter_name>``).
+        (default ``$TWINKLE_OUTPUT_DIR/<adapter_name>``). ``display_name=`` is the name
+        messages show for the adapter where ``adapter_name`` is a key its owner never reads
+        (a server's internal id; :attr:`Tenant.display_name`).
 
         Raises:
             ValueError: Duplicate name, rank <= 0, bad accumulation steps, or no matching module.
@@ -185,6 +190,7 @@ class MultiLoraTransformersModel(CheckpointMethods, OptimizerMethods):
                 f"gradient_accumulation_steps must be an integer >= 1, got {gradient_accumulation_steps!r}"
             )
         spec = adapter_spec_from_config(adapter_name, config, seed=kwargs.pop("seed", self.seed))
+        display_name = kwargs.pop("display_name", None)
         if kwargs:
             raise ArgumentTypeError(f"unexpected arguments: {', '.join(kwargs)}")
         # Fail before touching the model.
@@ -203,6 +209,7 @@ class MultiLoraTransformersModel(CheckpointMethods, OptimizerMethods):
             spec=spec,
             params=adapter_parameters(self.model, adapter_name),
             gradient_accumulation_steps=gradient_accumulation_steps,
+            display_name=display_name,
         )
         tenant = self.tenants[adapter_name]
         for param in tenant.params:
@@ -360,7 +367,7 @@ class MultiLoraTransformersModel(CheckpointMethods, OptimizerMethods):
         """Apply the tenant's loss to the last ``forward``; returns the loss value."""
         tenant = self.tenant(adapter_name)
         if tenant.last_forward is None:
-            raise StateOrderError(f"adapter {tenant.name!r}: call forward before calculate_loss")
+            raise StateOrderError(f"adapter {tenant.label!r}: call forward before calculate_loss")
         state = tenant.last_forward
         state.batch = with_loss_inputs(state.batch, kwargs)
         compute_loss(state, loss_of(state.batch, tenant))
@@ -372,7 +379,7 @@ class MultiLoraTransformersModel(CheckpointMethods, OptimizerMethods):
         state = tenant.last_forward
         if state is None or state.loss_output is None:
             raise StateOrderError(
-                f"adapter {tenant.name!r}: call forward and calculate_loss before backward"
+                f"adapter {tenant.label!r}: call forward and calculate_loss before backward"
             )
         attach_grads([tenant])
         (state.loss_output.loss / tenant.gradient_accumulation_steps).backward()

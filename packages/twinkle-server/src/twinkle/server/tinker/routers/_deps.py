@@ -1,0 +1,75 @@
+"""What every Tinker handler takes: this server's :class:`TinkerApi`, the caller, and its request
+as the SDK's own type (read once, by :func:`~twinkle.server.tinker.request_fields.parse`)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+
+from twinkle.server.errors import PayloadTooLarge
+from twinkle.server.tinker.api import TinkerApi
+from twinkle.server.tinker.request_fields import parse
+from twinkle.server.web import read_json
+
+
+class BindApi:
+    """Router dependency: the :class:`TinkerApi` of the router a request came in by.
+
+    The handlers are module-level and shared by every app built in one process (tests build
+    several), so each app's Tinker router hands its own instance to the request.
+    """
+
+    def __init__(self, api: TinkerApi) -> None:
+        self.api = api
+
+    def __call__(self, request: Request) -> None:
+        request.state.tinker_api = self.api
+
+
+def tinker_api(request: Request) -> TinkerApi:
+    return request.state.tinker_api
+
+
+Api = Annotated[TinkerApi, Depends(tinker_api)]
+
+
+def caller(request: Request, api: Api) -> str:
+    """The tenant the request's API key (or token) names; 401 without one."""
+    return api.ctx.authenticate(request.headers)
+
+
+Owner = Annotated[str, Depends(caller)]
+
+
+class SdkBody:
+    """Dependency: the JSON body as the SDK's request type of ``endpoint``, read after the
+    caller is authenticated (an anonymous request is a 401, whatever its body)."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+
+    async def __call__(self, request: Request, api: Api, _owner: Owner) -> Any:
+        return parse(self.endpoint, await read_json(request, api.max_bytes))
+
+
+def sdk_body(endpoint: str) -> Any:
+    """``Depends`` on the body of ``endpoint`` (``body: Annotated[T, sdk_body("...")]``)."""
+    return Depends(SdkBody(endpoint))
+
+
+def idempotency_key(request: Request) -> str | None:
+    return request.headers.get("x-idempotency-key")
+
+
+IdemKey = Annotated[str | None, Depends(idempotency_key)]
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The raw body (protobuf, or JSON decoded by the caller), refused past ``max_bytes``."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body.extend(chunk)
+        if len(body) > max_bytes:
+            raise PayloadTooLarge(f"request body is over the limit of {max_bytes} bytes")
+    return bytes(body)

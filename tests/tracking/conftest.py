@@ -1,6 +1,0 @@
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-
-from redis_fixture import redis_url  # noqa: E402, F401 - re-exported fixture
