@@ -305,8 +305,8 @@ class TwinkleClient:
         return TrainingHistory.model_validate(reply)
 
     def export_history(self, run_id: str, to: str, path: Any = None, **kwargs: Any) -> int:
-        """Send the run's stored history to a tracker (``tensorboard``, ``wandb``, ``mlflow``;
-        ``path``: where it writes, ``kwargs``: the tracker's options, see
+        """Send the run's stored history to a tracker (``tensorboard``, ``wandb``, ``mlflow``,
+        ``swanlab``; ``path``: where it writes, ``kwargs``: the tracker's options, see
         :func:`twinkle_client.tracking.make_tracker`); returns the number of points."""
         from twinkle_client.tracking import export_history, make_tracker
 

@@ -40,8 +40,9 @@ def tracker_names() -> list[str]:
 
 
 def make_tracker(kind: str, /, **kwargs: Any) -> Tracker:
-    """A tracker by kind: ``tensorboard`` (``log_dir``), ``wandb`` (``project``, ``name``,
-    ``dir``, ``mode``, ...), ``mlflow`` (``tracking_uri``, ``experiment``, ``run_name``),
+    """A tracker by kind: ``tensorboard`` (``path``, ``flush_secs``), ``wandb`` (``project``,
+    ``name``, ``path``, ``mode``, ...), ``mlflow`` (``path`` or ``tracking_uri``, ``experiment``,
+    ``run_name``),
     ``swanlab`` (``project``, ``name``, ``path``, ``mode``, ...; the ``swanlab`` extra), or one
     added with :func:`register_tracker`.
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import types
 import weakref
-from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
@@ -46,6 +45,7 @@ from twinkle.model.lora import LoraRouter, MultiLoraLinear
 from twinkle.model.megatron import _moe, _moe_lora, _tp_lora
 from twinkle.model.megatron._shims import cpu_shims
 from twinkle.model.step.linear_logprobs import VocabShard
+from twinkle.model.transformers.recompute import LayerRecompute
 
 
 class _ShapeOnlyLinear(nn.Module):
@@ -219,7 +219,7 @@ def _megatron_recomputing() -> bool:
     return mrandom.IS_CHECKPOINTING
 
 
-class MegatronRecompute:
+class MegatronRecompute(LayerRecompute):
     """The switch of one megatron model's activation recompute (the interface of the
     transformers backend's :class:`~twinkle.model.transformers.recompute.LayerRecompute`).
 
@@ -246,9 +246,8 @@ class MegatronRecompute:
     """
 
     def __init__(self, gpt: nn.Module, router: LoraRouter, device: torch.device) -> None:
-        self.router, self.device = router, device
-        self.active = False
-        self.layers: list[str] = []
+        super().__init__(router, [])
+        self.device = device
         self._first_run = False  # inside a recomputing block's forward
         self._replay: dict[tuple[int, int], tuple[weakref.ref, tuple]] = {}
         decoder = gpt.decoder
@@ -256,15 +255,6 @@ class MegatronRecompute:
         for i, layer in enumerate(decoder.layers):
             layer.forward = types.MethodType(self._layer(layer.forward), layer)
             self.layers.append(f"decoder.layers.{i}")
-
-    @contextmanager
-    def enabled(self, on: bool = True):
-        """Recompute in the passes inside the block when ``on``."""
-        previous, self.active = self.active, on
-        try:
-            yield
-        finally:
-            self.active = previous
 
     def _block(self, plain):
         def forward(block, *args: Any, **kwargs: Any):
