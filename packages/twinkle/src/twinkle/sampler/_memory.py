@@ -38,21 +38,24 @@ class DecodeShape:
 
     @classmethod
     def of(cls, model: Any) -> DecodeShape:
+        from twinkle.model.step.plan import ModelShape
+
+        # The training memory model's reading (hidden, layers, vocab, dtype, eager heads), plus
+        # what only decoding needs: the key/value width and the MLP's.
+        base = ModelShape.of(model)
         config = getattr(model, "config", None)
         text = getattr(config, "text_config", None) or config
-        hidden = int(getattr(text, "hidden_size", 1024))
         heads = int(getattr(text, "num_attention_heads", 0) or 0) or 1
-        head_dim = int(getattr(text, "head_dim", 0) or 0) or hidden // heads
+        head_dim = int(getattr(text, "head_dim", 0) or 0) or base.hidden // heads
         kv_heads = int(getattr(text, "num_key_value_heads", 0) or 0) or heads
-        eager = getattr(config, "_attn_implementation", None) == "eager"
         return cls(
-            hidden=hidden,
-            intermediate=int(getattr(text, "intermediate_size", 0) or 4 * hidden),
-            layers=int(getattr(text, "num_hidden_layers", 24)),
-            vocab=int(getattr(text, "vocab_size", 32000)),
+            hidden=base.hidden,
+            intermediate=int(getattr(text, "intermediate_size", 0) or 4 * base.hidden),
+            layers=base.layers,
+            vocab=base.vocab,
             kv_dim=kv_heads * head_dim,
-            dtype_bytes=next(model.parameters()).element_size(),
-            quadratic_heads=heads if eager else 0,
+            dtype_bytes=base.dtype_bytes,
+            quadratic_heads=base.quadratic_heads,
         )
 
     def batch_bytes(

@@ -90,6 +90,7 @@ class TorchSampler(Sampler):
             else "past_key_values"
         )
         self.uses_cache: bool | None = None  # known after the first generation
+        self.decode_shape = DecodeShape.of(self.model)  # what the memory model reads, fixed
 
     def load_adapter(self, adapter_uri: str | os.PathLike, adapter_name: str | None = None) -> None:
         """Load ``adapter_uri`` now (and name it, for ``sample(adapter_name=...)``)."""
@@ -175,7 +176,7 @@ class TorchSampler(Sampler):
         head = self._linear_head() if want_prompt and not want_scores else None
         budget = self.options.memory_budget_mb
         return fit_row_groups(
-            DecodeShape.of(self.model),
+            self.decode_shape,
             lengths,
             params.max_tokens,
             memory_limit_bytes(self.device, budget),
