@@ -22,12 +22,14 @@ from load_mixed import (
     Recorder,
     build_server,
     keys,
+    limits,
+    parser,
     server_config,
     tinker_tenant,
     twinkle_tenant,
 )
 
-SCRIPT = Path(__file__).resolve().with_name("load_mixed.py")
+SCRIPT = Path(__file__).resolve()  # the child server: this script with --serve
 
 
 def serve(
@@ -52,8 +54,8 @@ def serve(
     import uvicorn
 
     from twinkle.server.config import parse_config
-    from twinkle.server.local import maintain_forever
-    from twinkle.server.web import StartOnFirstRequest
+    from twinkle.server.process.local import maintain_forever
+    from twinkle.server.web.http import StartOnFirstRequest
 
     threading.Thread(target=report_inside, args=(storage,), daemon=True).start()
     server = build_server(storage, tenants, limits, future_ttl_s, redis_url)
@@ -110,7 +112,8 @@ def child_server(
 ):
     """Yields ``(url, pid)`` of a server in a child process; stops it after."""
     import httpx
-    from live import free_port
+
+    from twinkle.server.testing import free_port
 
     port = free_port()
     log = open(Path(storage) / "server.log", "wb")  # noqa: SIM115 - closed below
@@ -159,7 +162,8 @@ def redis_server(workdir: str):
     import shutil
 
     import redis
-    from live import free_port
+
+    from twinkle.server.testing import free_port
 
     binary = shutil.which("redis-server")
     if binary is None:
@@ -351,3 +355,23 @@ def run_soak(args, limits: dict):
         "client_error_count": len(rec.errors),
         "cpus": os.cpu_count(),
     }
+
+
+def main() -> None:
+    args = parser().parse_args()
+    if args.serve:
+        serve(
+            args.serve[0],
+            int(args.serve[1]),
+            args.tenants,
+            limits(args),
+            args.future_ttl_s,
+            args.redis_url,
+        )
+        return
+    for record in run_soak(args, limits(args)):
+        print(json.dumps(record), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -13,7 +13,10 @@ checkpointing on for peft_gc), runs ``steps`` steps and reports:
   before any model is built (the floor every mode shares);
 - ``cuda_peak_mb`` on CUDA: ``torch.cuda.max_memory_allocated``.
 
-    python bench/_mode_rss.py '{"model": "tiny://qwen3.5", "ranks": [8, 16], "batch": 1, "mode": "peft"}'
+The process is ``bench/_mode_rss_child.py`` (it imports the benchmark; this module does not, so
+the benchmark can import this one without a cycle):
+
+    python bench/_mode_rss_child.py '{"model": "tiny://qwen3.5", "ranks": [8, 16], "batch": 1, "mode": "peft"}'
 """
 
 from __future__ import annotations
@@ -77,7 +80,7 @@ def measure(
             "execution": execution or {},
         }
         done = subprocess.run(
-            [sys.executable, str(HERE / "_mode_rss.py"), json.dumps(request)],
+            [sys.executable, str(HERE / "_mode_rss_child.py"), json.dumps(request)],
             capture_output=True,
             text=True,
             timeout=timeout_s,
@@ -95,52 +98,3 @@ def measure(
     if any(r.get("cuda_peak_mb") is not None for r in results.values()):
         out["cuda_peak_mb"] = {m: r.get("cuda_peak_mb") for m, r in results.items()}
     return out
-
-
-def child(request: dict[str, Any]) -> dict[str, Any]:
-    """One mode's run in this (fresh) process: build, ``steps`` steps, the peaks.
-
-    Raises:
-        ValueError: For an unknown mode (before the imports: a bad request fails fast).
-    """
-    if request.get("mode") not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {request.get('mode')!r}")
-    import multi_tenant_train as mtt
-    import torch
-
-    from twinkle.model.memory import keep_freed_memory
-
-    if request.get("threads"):
-        torch.set_num_threads(request["threads"])
-    if request.get("keep_freed_memory"):
-        keep_freed_memory()
-    imported = rss_mb("VmRSS")
-    point = mtt.Point(
-        request["model"], tuple(request["ranks"]), request["batch"], request.get("seq", mtt.SEQ)
-    )
-    options = None
-    if request.get("execution"):
-        from twinkle.model.options import ExecutionOptions
-
-        options = ExecutionOptions.from_env(**request["execution"])
-    _, step = mtt.mode_step(point, request["mode"], options)
-    for _ in range(request.get("steps", 2)):
-        step()
-    cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.synchronize()
-    peak = rss_mb("VmHWM")
-    if peak is None:  # no /proc: ru_maxrss (bytes on macOS), which may include the parent's
-        import resource
-
-        peak = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 1)
-    return {
-        "mode": request["mode"],
-        "peak_rss_mb": peak,
-        "import_rss_mb": imported,
-        "cuda_peak_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1) if cuda else None,
-    }
-
-
-if __name__ == "__main__":
-    print(json.dumps(child(json.loads(sys.argv[1]))), flush=True)

@@ -26,10 +26,12 @@ import argparse
 import contextlib
 import json
 import os
+import sys
 import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
+from pathlib import Path
 
 for _key, _value in {
     "HF_HUB_OFFLINE": "1",
@@ -112,7 +114,7 @@ def build_server(
 ):
     """The in-process server; its state in memory, or in the Redis at ``redis_url``."""
     from twinkle.server.config import parse_config
-    from twinkle.server.local import build_local_server
+    from twinkle.server.process.local import build_local_server
     from twinkle.server.state import MemoryStore
 
     raw = server_config(storage, tenants, limits, future_ttl_s)
@@ -460,7 +462,8 @@ def limits(args) -> dict:
     }
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """This script's options (bench/_load_soak.py reads the same)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tenants", type=int, default=16)
     parser.add_argument("--steps", type=int, default=200)
@@ -486,25 +489,15 @@ def main() -> None:
     )
     parser.add_argument("--redis-url", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--serve", nargs=2, metavar=("STORAGE", "PORT"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.serve:
-        from _load_soak import serve
+    return parser
 
-        serve(
-            args.serve[0],
-            int(args.serve[1]),
-            args.tenants,
-            limits(args),
-            args.future_ttl_s,
-            args.redis_url,
-        )
-        return
-    if args.soak_minutes > 0:
-        from _load_soak import run_soak
 
-        for record in run_soak(args, limits(args)):
-            print(json.dumps(record), flush=True)
-        return
+def main() -> None:
+    args = parser().parse_args()
+    if args.serve or args.soak_minutes > 0:
+        # The soak is its own script (it imports this one, never the other way round).
+        soak = str(Path(__file__).resolve().with_name("_load_soak.py"))
+        os.execv(sys.executable, [sys.executable, soak, *sys.argv[1:]])
     for record in run_load(args.tenants, args.steps, limits(args), args.sync_every):
         print(json.dumps(record), flush=True)
 

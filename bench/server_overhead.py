@@ -119,7 +119,7 @@ def start_server(model_id: str, port: int, storage: str) -> str:
     import ray
 
     from twinkle.server.config import parse_config
-    from twinkle.server.launch import deploy, use_local_ray_env
+    from twinkle.server.process.launch import deploy, use_local_ray_env
 
     base = model_id.replace("://", "/")
     config = parse_config(server_config(model_id, port, storage))

@@ -3,7 +3,7 @@
 Wall-clock readings of one tenant's step swing by more than the gap being judged on a shared
 2-core machine (docs/performance.md); ``callgrind`` counts the instructions executed instead,
 which repeat run to run whatever else the machine does. Each mode of bench/multi_tenant_train.py
-runs in its own process (bench/_mode_rss.py) twice under ``valgrind --tool=callgrind``, once
+runs in its own process (bench/_mode_rss_child.py) twice under ``valgrind --tool=callgrind``, once
 with 1 step and once with ``1 + --steps``; the difference, divided by ``--steps``, is one
 steady step's instructions (import, model build and the first step cancel out). One torch thread
 and a fixed hash seed keep the two runs identical outside the extra steps.
@@ -33,7 +33,7 @@ REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 
 
 def instructions(request: dict, workdir: str) -> int:
-    """Instructions callgrind counted for one ``bench/_mode_rss.py`` run of ``request``."""
+    """Instructions callgrind counted for one ``bench/_mode_rss_child.py`` run of ``request``."""
     env = dict(
         os.environ,
         OMP_NUM_THREADS="1",
@@ -49,7 +49,7 @@ def instructions(request: dict, workdir: str) -> int:
             "--tool=callgrind",
             f"--callgrind-out-file={out}",
             sys.executable,  # the interpreter itself: a shim script would be all valgrind saw
-            str(HERE / "_mode_rss.py"),
+            str(HERE / "_mode_rss_child.py"),
             json.dumps(request),
         ],
         capture_output=True,

@@ -122,7 +122,7 @@ def local_bench(model_id: str, repeats: int, storage: Path, threads: int = 1) ->
 
 def http_bench(model_id: str, repeats: int, storage: Path, threads: int = 1) -> dict:
     from twinkle.server.config import parse_config
-    from twinkle.server.local import build_local_server
+    from twinkle.server.process.local import build_local_server
     from twinkle.server.state import MemoryStore
     from twinkle.server.testing import KEYS, config_dict, serve_in_thread
     from twinkle_client import init_twinkle_client

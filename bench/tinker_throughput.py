@@ -35,7 +35,7 @@ KEYS = [f"bench-key-{i}" for i in range(8)]
 
 def build_server(model_id: str, storage: str, tenants: int):
     from twinkle.server.config import parse_config
-    from twinkle.server.local import build_local_server
+    from twinkle.server.process.local import build_local_server
     from twinkle.server.state import MemoryStore
 
     base = model_id.replace("://", "/")

@@ -2,6 +2,9 @@
 
 ``twinkle`` is one namespace spread over two distributions (``twinkle`` and ``twinkle-server``);
 import-linter reads one directory per package, so the sources are first copied into one tree.
+``bench/`` and ``tools/`` are directories of scripts that import their siblings as top-level
+modules (the script's directory is on ``sys.path``); the tree holds them as the packages ``bench``
+and ``tools``, each sibling import rewritten to its package form, so the contracts see them too.
 
 import-linter has no contract for "no import cycle between any two modules" (``acyclic_siblings``
 compares the children of a package, squashed, which is stricter than a module graph without
@@ -14,6 +17,7 @@ Usage: python tools/check_architecture.py [ROOT]   (ROOT: a checkout, default th
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -113,7 +117,8 @@ def _import_line(graph: ImportGraph, importer: str, imported: str) -> tuple[str,
 
 
 def merged_tree(root: Path, into: Path) -> None:
-    """``into/twinkle`` (library + server) and ``into/twinkle_client``, Python files only."""
+    """``into/twinkle`` (library + server), ``into/twinkle_client``, ``into/bench`` and
+``into/tools``, Python files only."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     src = root / "packages"
     shutil.copytree(src / "twinkle/src/twinkle", into / "twinkle", ignore=ignore)
@@ -123,6 +128,24 @@ def merged_tree(root: Path, into: Path) -> None:
     shutil.copytree(
         src / "twinkle-client/src/twinkle_client", into / "twinkle_client", ignore=ignore
     )
+    script_package(root / "bench", into / "bench")
+    script_package(root / "tools", into / "tools")
+
+
+def script_package(scripts: Path, into: Path) -> None:
+    """The ``*.py`` scripts of ``scripts`` as the package ``into``, each import of a sibling
+    (``import _measure``, ``from _points import X``) rewritten as ``from <package> import ...``."""
+    package = into.name
+    into.mkdir()
+    (into / "__init__.py").write_text("")
+    siblings = {path.stem for path in scripts.glob("*.py")}
+    names = "|".join(sorted(siblings))
+    plain = re.compile(rf"^(\s*)import ({names})\b(.*)$", re.M)
+    from_ = re.compile(rf"^(\s*)from ({names}) import ", re.M)
+    for path in scripts.glob("*.py"):
+        text = plain.sub(rf"\1from {package} import \2\3", path.read_text())
+        text = from_.sub(rf"\1from {package}.\2 import ", text)
+        (into / path.name).write_text(text)
 
 
 def main(argv: list[str]) -> int:

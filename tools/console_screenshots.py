@@ -33,7 +33,7 @@ ROWS = [
 
 def build_server(storage: Path):
     from twinkle.server.config import parse_config
-    from twinkle.server.local import build_local_server
+    from twinkle.server.process.local import build_local_server
     from twinkle.server.state import MemoryStore
 
     os.environ["TWINKLE_CONSOLE_ADMIN_KEYS"] = KEYS["ops"]

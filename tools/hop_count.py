@@ -1,6 +1,6 @@
 """How many layers a ``forward_backward`` crosses from ``twinkle_client`` to the fused step.
 
-Starts the tiny in-process server (``twinkle.server.local``) on a loopback port, trains one
+Starts the tiny in-process server (``twinkle.server.process.local``) on a loopback port, trains one
 ``twinkle_client`` step, and records, with a profile hook, the stack of product frames (functions
 of ``twinkle``, ``twinkle.server`` and ``twinkle_client``) at three points of the call:
 
@@ -95,7 +95,7 @@ def main() -> None:
     import uvicorn
 
     from twinkle.server.config import parse_config
-    from twinkle.server.local import build_local_server
+    from twinkle.server.process.local import build_local_server
     from twinkle.server.state import MemoryStore
     from twinkle_client import TwinkleClient
     from twinkle_client.model import MultiLoraTransformersModel

@@ -9,10 +9,10 @@ import pytest
 
 from twinkle.errors import InvalidArgumentError, StateOrderError
 from twinkle.model import MockModel
-from twinkle.server.errors import BadRequest
 from twinkle.server.model.registry import StateRunRegistry
 from twinkle.server.model.service import ModelService
 from twinkle.server.state import MemoryStore, ServerState
+from twinkle.server.web.errors import BadRequest
 
 
 def _service(model, tmp_path) -> ModelService:

@@ -183,7 +183,7 @@ def test_trust_remote_code_has_the_one_set_of_spellings(monkeypatch):
 
 
 def test_launch_passes_trust_remote_code_on_as_written(monkeypatch):
-    from twinkle.server.launch import PROPAGATED_ENV
+    from twinkle.server.process.launch import PROPAGATED_ENV
 
     assert PROPAGATED_ENV == (library_env.TWINKLE_TRUST_REMOTE_CODE,)
     monkeypatch.setenv("TWINKLE_TRUST_REMOTE_CODE", "Yes")

@@ -141,7 +141,7 @@ async def _tenant(world: World, who: str) -> None:
 def world() -> World:
     """The shared server (built once: building the tiny model costs seconds)."""
     from twinkle.server.config import parse_config
-    from twinkle.server.local import build_local_server
+    from twinkle.server.process.local import build_local_server
     from twinkle.server.state import MemoryStore
 
     root = Path(tempfile.mkdtemp(prefix="twinkle-badinput-"))

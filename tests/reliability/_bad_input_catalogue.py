@@ -15,7 +15,7 @@ import zstandard
 from _bad_input_cases import MODEL, PROCESSOR, SAMPLER, Case
 from _bad_input_fixed import fixed_defects
 
-from twinkle.server.web import DEFAULT_MAX_REQUEST_BYTES
+from twinkle.server.web.http import DEFAULT_MAX_REQUEST_BYTES
 
 V1 = "/api/v1"
 JSON = {"content-type": "application/json"}

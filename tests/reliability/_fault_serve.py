@@ -52,7 +52,7 @@ class ServeProcess(ServerProcess):
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "twinkle_client"))
         from cookbook_launch import ray_head
 
-        from twinkle.server.launch import LOCAL_RAY_ENV
+        from twinkle.server.process.launch import LOCAL_RAY_ENV
 
         # Ray workers inherit the raylet's environment: the offline and direct-ingress settings
         # that ``launch`` gives a Ray it starts itself go to ``ray start``.

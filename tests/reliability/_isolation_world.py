@@ -195,7 +195,7 @@ def sample_body(ids: dict, sid: str | None = None) -> dict:
 
 async def build(root: Path) -> World:
     from twinkle.server.config import parse_config
-    from twinkle.server.local import build_local_server
+    from twinkle.server.process.local import build_local_server
     from twinkle.server.state import MemoryStore
 
     server = build_local_server(parse_config(server_config(root)), store=MemoryStore("iso:"))

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "twinkle_server"))
 from redis_fixture import redis_url  # noqa: E402,F401 - a fixture
 
 from twinkle.server.config import parse_config  # noqa: E402
-from twinkle.server.local import build_local_server  # noqa: E402
+from twinkle.server.process.local import build_local_server  # noqa: E402
 from twinkle.server.state import FileStore, MemoryStore, RedisStore  # noqa: E402
 from twinkle.server.state.records import EPHEMERAL_PREFIX  # noqa: E402
 from twinkle.server.testing import KEYS, config_dict  # noqa: E402

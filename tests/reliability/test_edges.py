@@ -22,10 +22,10 @@ from torch import nn
 
 from twinkle.errors import InvalidArgumentError, UnknownAdapterError  # noqa: E402
 from twinkle.model.lora import resolve_target_modules  # noqa: E402
-from twinkle.server.auth import ApiKeyAuth, AuthError  # noqa: E402
-from twinkle.server.errors import AtCapacity, BadRequest, NotFound, from_exception  # noqa: E402
 from twinkle.server.state import tenant_id_for_key  # noqa: E402
 from twinkle.server.testing import KEYS, client, local_server  # noqa: E402
+from twinkle.server.web.auth import ApiKeyAuth, AuthError  # noqa: E402
+from twinkle.server.web.errors import AtCapacity, BadRequest, NotFound, from_exception  # noqa: E402
 
 MODEL = "/api/v1/model/tiny/qwen3"
 SAMPLER = "/api/v1/sampler/tiny/qwen3"
@@ -373,10 +373,10 @@ def _client_gone_errors() -> list[BaseException]:
 
 @pytest.mark.parametrize("exc", _client_gone_errors(), ids=lambda e: type(e).__name__)
 def test_a_client_that_went_away_is_logged_at_info_not_error(exc, caplog):
-    with caplog.at_level(logging.INFO, logger="twinkle.server.errors"):
+    with caplog.at_level(logging.INFO, logger="twinkle.server.web.errors"):
         error = from_exception(exc)
     assert error.status == 499 and error.category == "user"
-    levels = [r.levelno for r in caplog.records if r.name == "twinkle.server.errors"]
+    levels = [r.levelno for r in caplog.records if r.name == "twinkle.server.web.errors"]
     assert levels == [logging.INFO], caplog.text
     assert "went away" in caplog.text
 

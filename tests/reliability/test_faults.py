@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from twinkle.server.errors import Gone
 from twinkle.server.model.registry import StateRunRegistry
 from twinkle.server.model.service import ModelService
 from twinkle.server.state import MemoryStore, ServerState
 from twinkle.server.tinker.futures import TinkerFutures
+from twinkle.server.web.errors import Gone
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "twinkle_server"))
 

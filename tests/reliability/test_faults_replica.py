@@ -29,11 +29,11 @@ import pytest
 
 from twinkle.model import MockModel
 from twinkle.parallel.errors import WorkerLostError
-from twinkle.server.errors import Gone, InternalError
 from twinkle.server.gateway.backends import HandleClient
 from twinkle.server.model.registry import StateRunRegistry
 from twinkle.server.model.service import ModelService
 from twinkle.server.state import MemoryStore, ServerState
+from twinkle.server.web.errors import Gone, InternalError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "twinkle_server"))
 

@@ -20,10 +20,10 @@ from tinker.lib.public_interfaces.custom_loss import encode_graph, trace_loss
 
 from twinkle.loss import Loss, LossOutput
 from twinkle.model import MultiLoraTransformersModel
-from twinkle.server.errors import BadRequest, InternalError, OutOfMemory
 from twinkle.server.model.registry import StateRunRegistry
 from twinkle.server.model.service import ModelService
 from twinkle.server.state import MemoryStore, ServerState
+from twinkle.server.web.errors import BadRequest, InternalError, OutOfMemory
 
 HEALTHY = ("alice", "bob")
 ROWS_LIMIT = 6  # the simulated device holds at most this many rows in one pass

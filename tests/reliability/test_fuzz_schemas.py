@@ -1,7 +1,7 @@
 """Property-based fuzzing of every application's OpenAPI document with schemathesis.
 
 Each application (gateway with the Tinker API, model, sampler, processor) publishes its request
-bodies (``twinkle.server.openapi_bodies``); schemathesis generates positive and negative requests
+bodies (``twinkle.server.web.openapi_bodies``); schemathesis generates positive and negative requests
 from them, half of the id fields replaced by the tenant's real ids (a real model, session,
 adapter, run or checkpoint) so that requests get past the lookups into the operations. They go
 in-process over ``httpx.ASGITransport`` to a world of its own (the bad-input catalogue's server,

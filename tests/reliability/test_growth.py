@@ -19,7 +19,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "twinkle_server"))
 
 from redis_fixture import redis_url  # noqa: E402, F401 - fixture
 
-from twinkle.server.errors import PayloadTooLarge  # noqa: E402
 from twinkle.server.state import (  # noqa: E402
     BadRequestError,
     FileStore,
@@ -31,6 +30,7 @@ from twinkle.server.state import (  # noqa: E402
 )
 from twinkle.server.state.server_state import StateLimits  # noqa: E402
 from twinkle.server.testing import client, local_server  # noqa: E402
+from twinkle.server.web.errors import PayloadTooLarge  # noqa: E402
 
 A, B = "tenant-a", "tenant-b"
 KIB = 1024

@@ -17,9 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from twinkle.server.errors import RateLimited
 from twinkle.server.tinker.futures import TinkerFutures
-from twinkle.server.web import error_response
+from twinkle.server.web.errors import RateLimited
+from twinkle.server.web.http import error_response
 from twinkle_client._http import HttpTransport
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "load_mixed.py"

@@ -22,8 +22,8 @@ import torch
 
 from twinkle.errors import InvalidArgumentError, NonFiniteUpdateError, StateOrderError  # noqa: E402
 from twinkle.model import AdamParams, MockModel, MultiLoraTransformersModel  # noqa: E402
-from twinkle.server.encoding import finite_json, jsonable  # noqa: E402
 from twinkle.server.testing import client, local_server  # noqa: E402
+from twinkle.server.web.encoding import finite_json, jsonable  # noqa: E402
 
 ROWS = [
     {"input_ids": [11, 12, 13, 14, 15, 16], "labels": [-100, -100, -100, 14, 15, 16]},

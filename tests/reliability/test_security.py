@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from twinkle.server.auth import ApiKeyAuth, AuthError  # noqa: E402
 from twinkle.server.config import parse_config  # noqa: E402
-from twinkle.server.local import build_local_server  # noqa: E402
+from twinkle.server.process.local import build_local_server  # noqa: E402
 from twinkle.server.state import MemoryStore, tenant_id_for_key  # noqa: E402
 from twinkle.server.testing import config_dict  # noqa: E402
+from twinkle.server.web.auth import ApiKeyAuth, AuthError  # noqa: E402
 
 OLD, NEW, STAYS = "rotate-old-key-0001", "rotate-new-key-0002", "rotate-stays-key-0003"
 ME = "/api/v1/auth/apikey/me"
@@ -528,7 +528,7 @@ def test_direct_ingress_only_on_loopback_unless_configured(http, serves):
 @pytest.mark.unit
 @pytest.mark.parametrize(("host", "expected"), [("0.0.0.0", "0"), ("127.0.0.1", "1")])
 def test_launch_starts_ray_with_direct_ingress_as_the_host_allows(monkeypatch, host, expected):
-    import twinkle.server.launch as launch_module
+    import twinkle.server.process.launch as launch_module
 
     for name in launch_module.LOCAL_RAY_ENV:  # recorded, so the test leaves the environment as is
         monkeypatch.setenv(name, "")

@@ -16,7 +16,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from twinkle.server.config import parse_config
-from twinkle.server.local import build_local_server
+from twinkle.server.process.local import build_local_server
 from twinkle.server.state import MemoryStore, RedisStore, ServerState
 from twinkle.server.state._futures import ORPHANED, ORPHANED_STATEFUL
 from twinkle.server.state.errors import StoreUnavailableError

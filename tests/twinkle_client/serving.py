@@ -17,7 +17,7 @@ __all__ = ["KEYS", "MODEL_ID", "TEMPLATE", "full_server"]
 def full_server(root: Path, model_id: str = MODEL_ID, sampler: bool = True, **model_args):
     """Yields ``(base_url, local_server)``; the server stops on exit."""
     from twinkle.server.config import parse_config
-    from twinkle.server.local import build_local_server
+    from twinkle.server.process.local import build_local_server
     from twinkle.server.state import MemoryStore
 
     config = config_dict(model_id=model_id, sampler=sampler, **model_args)

@@ -46,7 +46,7 @@ def _features(seed: int) -> list[dict]:
 def seed_url(tmp_path_factory):
     """The seed's YAML, completed as check-config asks, served in-process on a loopback port."""
     from twinkle.server.config import parse_config
-    from twinkle.server.local import build_local_server
+    from twinkle.server.process.local import build_local_server
     from twinkle.server.state import MemoryStore
     from twinkle.server.testing import serve_in_thread
 

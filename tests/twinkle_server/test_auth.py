@@ -9,7 +9,8 @@ import httpx
 import pytest
 from fastapi import Depends, FastAPI
 
-from twinkle.server.auth import (
+from twinkle.server.state import tenant_id_for_key
+from twinkle.server.web.auth import (
     INVALID_KEY,
     MISSING_KEY,
     PUBLIC_PATHS,
@@ -20,7 +21,6 @@ from twinkle.server.auth import (
     is_public_path,
     require_principal,
 )
-from twinkle.server.state import tenant_id_for_key
 
 KEY = "key-alpha-0123456789"
 OTHER = "key-beta-9876543210"
@@ -104,11 +104,11 @@ def test_anonymous_opt_in_warns():
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append
-    logging.getLogger("twinkle.server.auth").addHandler(handler)
+    logging.getLogger("twinkle.server.web.auth").addHandler(handler)
     try:
         auth = ApiKeyAuth(allow_anonymous=True, environ={})
     finally:
-        logging.getLogger("twinkle.server.auth").removeHandler(handler)
+        logging.getLogger("twinkle.server.web.auth").removeHandler(handler)
     assert auth.authenticate({}).tenant_id == "anonymous"
     assert any(r.levelno == logging.WARNING for r in records)
     keyed = ApiKeyAuth(keys=[KEY], allow_anonymous=True, environ={})

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from twinkle.server import cli
 from twinkle.server.config import parse_config
-from twinkle.server.launch import LaunchError
+from twinkle.server.process import cli
+from twinkle.server.process.launch import LaunchError
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "cookbook" / "client" / "server" / "tiny" / "server_config.yaml"
@@ -98,7 +98,7 @@ def test_launch_passes_the_namespace(monkeypatch):
         seen.update(address=address, replace=replace)
         return "http://127.0.0.1:8000/api/v1"
 
-    monkeypatch.setattr("twinkle.server.launch.launch", fake_launch)
+    monkeypatch.setattr("twinkle.server.process.launch.launch", fake_launch)
     monkeypatch.setenv("TWINKLE_RAY_NAMESPACE", "from-env")
     assert cli.main(["launch", "-c", str(TINY)]) == 0
     assert seen == {
@@ -115,7 +115,7 @@ def test_launch_failure_exits_1(monkeypatch, capsys):
     def failing_launch(config, namespace=None, blocking=True, address=None, replace=False):
         raise LaunchError("application 'server' is DEPLOY_FAILED: boom")
 
-    monkeypatch.setattr("twinkle.server.launch.launch", failing_launch)
+    monkeypatch.setattr("twinkle.server.process.launch.launch", failing_launch)
     assert cli.main(["launch", "-c", str(TINY)]) == 1
     assert "application 'server' is DEPLOY_FAILED" in capsys.readouterr().err
 
@@ -141,18 +141,18 @@ def test_clear_file_persistence_calls_the_state_module(monkeypatch, capsys):
 @pytest.mark.unit
 def test_status_delegates_its_arguments(monkeypatch):
     received = []
-    fake_status = types.ModuleType("twinkle.server.status")
+    fake_status = types.ModuleType("twinkle.server.process.status")
     fake_status.main = lambda argv: received.append(argv) or 0
-    monkeypatch.setitem(sys.modules, "twinkle.server.status", fake_status)
+    monkeypatch.setitem(sys.modules, "twinkle.server.process.status", fake_status)
     assert cli.main(["status", "--url", "http://x", "--json"]) == 0
     assert received == [["--url", "http://x", "--json"]]
 
 
 @pytest.mark.unit
 def test_status_without_its_module_exits_2(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "twinkle.server.status", None)
+    monkeypatch.setitem(sys.modules, "twinkle.server.process.status", None)
     assert cli.main(["status"]) == 2
-    assert "twinkle.server.status" in capsys.readouterr().err
+    assert "twinkle.server.process.status" in capsys.readouterr().err
 
 
 @pytest.mark.unit

@@ -12,13 +12,13 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 
 from twinkle import errors as lib
-from twinkle.server import errors
-from twinkle.server.auth import MISSING_KEY, AuthError
 from twinkle.server.state import MemoryStore, ServerState
 from twinkle.server.state import errors as state_errors
 from twinkle.server.testing import client, local_server
 from twinkle.server.tinker.futures import TinkerFutures
-from twinkle.server.web import install_error_handlers
+from twinkle.server.web import errors
+from twinkle.server.web.auth import MISSING_KEY, AuthError
+from twinkle.server.web.http import install_error_handlers
 
 MODEL = "/api/v1/model/tiny/qwen3"
 

@@ -83,7 +83,7 @@ def test_the_one_process_server_runs_housekeeping_and_the_model_sweep(tmp_path, 
     import twinkle.server.gateway.app as gateway_app
     import twinkle.server.model.deployment as model_deployment
     from twinkle.server.config import parse_config
-    from twinkle.server.local import maintain_forever
+    from twinkle.server.process.local import maintain_forever
     from twinkle.server.testing import config_dict
 
     started: list[str] = []

@@ -11,8 +11,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "twinkle" / "hub"))
 
 from modelscope_standin import serve_standin  # noqa: E402
 
-from twinkle.server.errors import BadRequest  # noqa: E402
 from twinkle.server.hub import HubPublisher  # noqa: E402
+from twinkle.server.web.errors import BadRequest  # noqa: E402
 
 pytestmark = pytest.mark.unit
 

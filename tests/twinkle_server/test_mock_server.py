@@ -5,7 +5,7 @@ import asyncio
 import numpy as np
 
 from twinkle.server.config import parse_config
-from twinkle.server.local import build_local_server
+from twinkle.server.process.local import build_local_server
 from twinkle.server.state import MemoryStore
 from twinkle.server.testing import client
 

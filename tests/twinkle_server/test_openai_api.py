@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from twinkle.server.config import parse_config
-from twinkle.server.local import build_local_server
+from twinkle.server.process.local import build_local_server
 from twinkle.server.state import MemoryStore
 from twinkle.server.testing import KEYS, config_dict, serve_in_thread
 

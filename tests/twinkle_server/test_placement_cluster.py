@@ -123,7 +123,7 @@ def cluster(tmp_path_factory):
     finally:
         import ray
 
-        from twinkle.server.launch import shutdown
+        from twinkle.server.process.launch import shutdown
 
         shutdown() if ray.is_initialized() else None
         for process in reversed(nodes):
@@ -134,7 +134,7 @@ def cluster(tmp_path_factory):
 def _launch(config_data: dict, monkeypatch) -> tuple[str, dict]:
     from ray import serve
 
-    from twinkle.server import launch as launch_module
+    from twinkle.server.process import launch as launch_module
 
     monkeypatch.setenv("TWINKLE_SERVER_API_KEYS", KEY)  # the launcher's environment only
     config_data["http_options"] = {"host": "127.0.0.1", "port": _free_port()}

@@ -9,8 +9,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from twinkle.server.config import parse_config  # noqa: E402
-from twinkle.server.launch import LOCAL_RAY_ENV  # noqa: E402
-from twinkle.server.placement import (  # noqa: E402
+from twinkle.server.process.launch import LOCAL_RAY_ENV  # noqa: E402
+from twinkle.server.process.placement import (  # noqa: E402
     CONTROL_PLANE_RESERVE_MB,
     MODEL_SHARE,
     _node_memory_mb,

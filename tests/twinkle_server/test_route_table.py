@@ -8,9 +8,9 @@ import asyncio
 import yaml
 from seed_layouts import completed, seed_data
 
-from twinkle.server.cli import main
 from twinkle.server.config import parse_config
 from twinkle.server.gateway.route_table import route_table
+from twinkle.server.process.cli import main
 from twinkle.server.testing import KEYS, client
 
 SEED_TABLE = {
@@ -55,7 +55,7 @@ def test_the_table_lists_every_application_at_its_configured_prefix():
 
 
 def test_the_gateway_serves_the_table_to_keyed_callers(tmp_path):
-    from twinkle.server.local import build_local_server
+    from twinkle.server.process.local import build_local_server
     from twinkle.server.state import MemoryStore
 
     data = completed("tiny://qwen3.5", cpu=True)

@@ -22,7 +22,7 @@ def serve_url(tmp_path_factory):
     from ray import serve
 
     from twinkle.server.config import parse_config
-    from twinkle.server.launch import LOCAL_RAY_ENV, deploy
+    from twinkle.server.process.launch import LOCAL_RAY_ENV, deploy
 
     data = config_dict(sampler=True)
     for app, prefix in zip(data["applications"][1:], (MODEL, SAMPLER), strict=True):

@@ -33,7 +33,7 @@ BASE = "tiny/qwen3.5-vl"
 def served(tmp_path_factory):
     """(url, LocalServer) of the tiny multimodal config, unchanged but for storage and keys."""
     from twinkle.server.config import parse_config
-    from twinkle.server.local import build_local_server
+    from twinkle.server.process.local import build_local_server
     from twinkle.server.state import MemoryStore
 
     data = yaml.safe_load(CONFIG.read_text())

@@ -12,8 +12,8 @@ import pytest
 
 from tests.twinkle.multimodal.conftest import VL_MODEL
 from twinkle.dataset._self_cognition_vl import draw
-from twinkle.server.errors import BadRequest
 from twinkle.server.images import ImageLimits, check_request_images
+from twinkle.server.web.errors import BadRequest
 
 
 def _png(image) -> bytes:

@@ -90,7 +90,7 @@ def test_build_service_passes_the_mesh_to_the_backend(monkeypatch):
     from twinkle.model.options import ExecutionOptions
     from twinkle.server.config import parse_config
     from twinkle.server.model import deployment
-    from twinkle.server.placement import memory_budget_mb
+    from twinkle.server.process.placement import memory_budget_mb
 
     data = tiny_config_data()
     model_app = next(a for a in data["applications"] if a["import_path"] == "model")
@@ -152,7 +152,7 @@ def test_http_mode_needs_a_config_and_the_server(monkeypatch):
 
 
 def test_http_mode_launches_the_config_and_checks_the_groups(monkeypatch):
-    from twinkle.server import launch
+    from twinkle.server.process import launch
 
     launched = {}
 
@@ -180,7 +180,7 @@ def test_http_mode_launches_the_config_and_checks_the_groups(monkeypatch):
 
 def test_http_mode_with_groups_alone_builds_the_seeds_deployment(monkeypatch):
     """The seed's server.py: three groups, nothing else."""
-    from twinkle.server import launch
+    from twinkle.server.process import launch
 
     monkeypatch.delenv("TWINKLE_SERVER_CONFIG", raising=False)
     monkeypatch.delenv("TWINKLE_BASE_MODEL", raising=False)
@@ -203,7 +203,7 @@ def test_http_mode_with_groups_alone_builds_the_seeds_deployment(monkeypatch):
     assert sampler.args.sampler_type in ("vllm", "torch")
     assert config.applications_of("processor")[0].args.device_group.device_type == "cpu"
     assert config.server_application.args.server_config.supported_models == ["Qwen/Qwen3.5-4B"]
-    from twinkle.server.placement import replica_num_gpus, worker_options
+    from twinkle.server.process.placement import replica_num_gpus, worker_options
 
     # Data parallel: the replica holds no GPU, each of the 4 ranks one, all 4 on one node.
     assert replica_num_gpus(model) == 0

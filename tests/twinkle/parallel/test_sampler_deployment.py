@@ -12,7 +12,7 @@ def test_dp2_sampler_spreads_concurrent_requests_over_two_engines(tmp_path):
     import ray
 
     from twinkle.server.config import parse_config
-    from twinkle.server.local import build_local_server
+    from twinkle.server.process.local import build_local_server
     from twinkle.server.state import MemoryStore
 
     config = parse_config(

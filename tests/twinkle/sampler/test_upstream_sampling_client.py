@@ -6,7 +6,7 @@ import pytest
 
 from twinkle.sampler import MockSampler  # noqa: E402
 from twinkle.server.config import parse_config  # noqa: E402
-from twinkle.server.local import build_local_server  # noqa: E402
+from twinkle.server.process.local import build_local_server  # noqa: E402
 from twinkle.server.state import MemoryStore  # noqa: E402
 from twinkle.server.testing import KEYS, config_dict, serve_in_thread
 from twinkle_client import init_twinkle_client  # noqa: E402

@@ -7,9 +7,9 @@ import httpx
 import pytest
 
 from twinkle.sampler import MockSampler
-from twinkle.server.errors import NotFound
 from twinkle.server.sampler.deployment import create_sampler_app
 from twinkle.server.sampler.service import SamplerService
+from twinkle.server.web.errors import NotFound
 
 PARAMS = {"max_tokens": 5, "temperature": 1.0, "seed": 3}
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from test_trackers import tensorboard_scalars
 
-from twinkle.server import cli
+from twinkle.server.process import cli
 from twinkle.server.state import (
     FileStore,
     MemoryStore,

@@ -105,7 +105,7 @@ def test_experiment_name_names_the_run_and_a_bad_value_is_refused(swanlab, tmp_p
 
 
 def test_export_history_cli_writes_a_stored_history_to_swanlab(swanlab, tmp_path, capsys):
-    from twinkle.server import cli
+    from twinkle.server.process import cli
     from twinkle.server.state import FileStore, ServerState
     from twinkle.server.testing import config_dict
 

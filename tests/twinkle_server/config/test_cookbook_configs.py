@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from config_samples import COOKBOOK_CONFIGS, TINY
 
-from twinkle.server.cli import main
 from twinkle.server.config import load_config
+from twinkle.server.process.cli import main
 
 pytestmark = pytest.mark.unit
 

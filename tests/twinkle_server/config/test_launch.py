@@ -10,9 +10,9 @@ import pytest
 import yaml
 from config_samples import full_config_data, tiny_config_data
 
-from twinkle.server import launch as launch_module
 from twinkle.server.config import parse_config
-from twinkle.server.launch import LaunchError, deployment_options, wait_until_running
+from twinkle.server.process import launch as launch_module
+from twinkle.server.process.launch import LaunchError, deployment_options, wait_until_running
 
 
 @pytest.mark.unit
@@ -215,7 +215,7 @@ def _cookbook(name):
 @pytest.mark.unit
 def test_every_application_reserves_its_device_group():
     from twinkle.server.config import load_config
-    from twinkle.server.placement import worker_options
+    from twinkle.server.process.placement import worker_options
 
     e2e = load_config(_cookbook("transformer/server_config_e2e.yaml"))
     model, sampler = e2e.applications_of("model")[0], e2e.applications_of("sampler")[0]
@@ -279,7 +279,7 @@ def test_launch_refuses_before_ray_starts(monkeypatch):
 def test_launch_hands_replicas_only_key_digests(monkeypatch):
     import hashlib
 
-    from twinkle.server.auth import ApiKeyAuth
+    from twinkle.server.web.auth import ApiKeyAuth
 
     monkeypatch.setenv("TWINKLE_SERVER_API_KEYS", "EMPTY_API_KEY,other-key")
     sealed = parse_config(tiny_config_data()).auth.sealed()

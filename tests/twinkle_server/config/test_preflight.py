@@ -1,4 +1,4 @@
-"""check-config fails on everything launch would fail on: one case per check (twinkle.server.preflight)."""
+"""check-config fails on everything launch would fail on: one case per check (twinkle.server.process.preflight)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 import yaml
 from config_samples import tiny_config_data
 
-from twinkle.server import preflight
-from twinkle.server.cli import main
 from twinkle.server.config import parse_config
+from twinkle.server.process import preflight
+from twinkle.server.process.cli import main
 
 pytestmark = pytest.mark.unit
 
@@ -206,7 +206,7 @@ def test_check_config_prints_every_problem_and_exits_1(tmp_path, monkeypatch, ca
 
 
 def test_launch_refuses_the_same_config_without_starting_ray(tmp_path, monkeypatch, capsys):
-    from twinkle.server import launch as launch_module
+    from twinkle.server.process import launch as launch_module
 
     monkeypatch.delenv("TWINKLE_SERVER_API_KEYS", raising=False)
     monkeypatch.setattr(launch_module, "init_ray", lambda *a: pytest.fail("Ray was started"))

@@ -12,8 +12,8 @@ import textwrap
 import pytest
 import yaml
 
-from twinkle.server.cli import main
 from twinkle.server.config import ConfigError, parse_config
+from twinkle.server.process.cli import main
 
 pytestmark = pytest.mark.unit
 

@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 
 from twinkle.server.config import parse_config
-from twinkle.server.local import build_local_server
+from twinkle.server.process.local import build_local_server
 from twinkle.server.state import MemoryStore
 
 KEYS = {"alice": "key-alice-console-1", "bob": "key-bob-console-2", "admin": "key-ops-console-3"}

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from twinkle.server import threads
 from twinkle.server.config import parse_config
 from twinkle.server.context import build_context
 from twinkle.server.model import deployment
-from twinkle.server.threads import cpu_threads
+from twinkle.server.process import threads
+from twinkle.server.process.threads import cpu_threads
 
 TINY = Path(__file__).resolve().parents[3] / "cookbook/client/server/tiny/server_config.yaml"
 

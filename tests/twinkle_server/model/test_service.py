@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from twinkle.model import MultiLoraTransformersModel
-from twinkle.server.errors import AtCapacity, BadRequest, NotFound, RateLimited
 from twinkle.server.model.registry import StateRunRegistry
 from twinkle.server.model.service import ModelService
 from twinkle.server.ratelimit import RateLimiter
 from twinkle.server.state import MemoryStore, ServerState
+from twinkle.server.web.errors import AtCapacity, BadRequest, NotFound, RateLimited
 
 
 def _features(seed, rows=2, seq=12):

@@ -1,4 +1,4 @@
-"""The public surface of ``twinkle.server.state`` and ``twinkle.server.auth``."""
+"""The public surface of ``twinkle.server.state`` and ``twinkle.server.web.auth``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import inspect
 import pytest
 
 import twinkle.server.state as state
-from twinkle.server import auth
+from twinkle.server.web import auth
 
 pytestmark = pytest.mark.unit
 

@@ -12,8 +12,8 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from twinkle.server import cli
 from twinkle.server.config import TelemetryConfig
+from twinkle.server.process import cli
 from twinkle.server.telemetry import setup_telemetry, shutdown_telemetry
 from twinkle.server.testing import KEYS, local_server, serve_in_thread
 

@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from twinkle.server import status
+from twinkle.server.process import status
 from twinkle.server.testing import KEYS, client, local_server
 
 MODEL = "/api/v1/model/tiny/qwen3"

@@ -33,7 +33,7 @@ def live_server(tmp_path_factory):
             yield url, None
         return
     from twinkle.server.config import parse_config
-    from twinkle.server.local import build_local_server
+    from twinkle.server.process.local import build_local_server
     from twinkle.server.state import MemoryStore
 
     server = build_local_server(

@@ -115,7 +115,7 @@ def _serve(storage: str, port: int) -> None:
     from conftest import tinker_config
 
     from twinkle.server.config import parse_config
-    from twinkle.server.local import build_local_server
+    from twinkle.server.process.local import build_local_server
     from twinkle.server.state import MemoryStore
 
     server = build_local_server(

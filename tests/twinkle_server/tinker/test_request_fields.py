@@ -9,9 +9,9 @@ import logging
 import pytest
 from tinker import types
 
-from twinkle.server.errors import BadRequest
 from twinkle.server.tinker import request_fields
 from twinkle.server.tinker.request_fields import parse
+from twinkle.server.web.errors import BadRequest
 
 PROMPT = {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]}
 

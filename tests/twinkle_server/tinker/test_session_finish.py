@@ -13,7 +13,7 @@ pytestmark = pytest.mark.integration
 
 def test_closing_a_session_frees_its_slot_under_the_per_key_limit(tmp_path):
     from twinkle.server.config import parse_config
-    from twinkle.server.local import build_local_server
+    from twinkle.server.process.local import build_local_server
     from twinkle.server.state import MemoryStore
     from twinkle_client import init_tinker_client
 

@@ -26,7 +26,7 @@ def _datum(tokens: list[int]) -> types.Datum:
 
 def _server(tmp_path, backend: str, **model_args):
     from twinkle.server.config import parse_config
-    from twinkle.server.local import build_local_server
+    from twinkle.server.process.local import build_local_server
     from twinkle.server.state import MemoryStore
 
     config = config_dict(

@@ -140,9 +140,9 @@ class _State:
 
 
 def test_key_check_accepts_live_tokens_of_configured_keys_only():
-    from twinkle.server.auth import ApiKeyAuth, AuthError
-    from twinkle.server.signing import Signer, TokenInvalid
     from twinkle.server.state.paths import tenant_id_for_key
+    from twinkle.server.web.auth import ApiKeyAuth, AuthError
+    from twinkle.server.web.signing import Signer, TokenInvalid
 
     signer = Signer(_State())
     auth = ApiKeyAuth(keys=["key-alice-0001"], environ={}, tokens=signer)
@@ -177,8 +177,8 @@ def _claims(token: str) -> dict:
 
 def test_a_token_carries_its_key_sealed_for_this_server_only():
     """What the hub rule reads back (``auth.caller_key``); the token's readable claims hold no key."""
-    from twinkle.server.auth import caller_key
-    from twinkle.server.signing import Signer
+    from twinkle.server.web.auth import caller_key
+    from twinkle.server.web.signing import Signer
 
     signer, other = Signer(_State()), Signer(_State())
     token = signer.mint_jwt("t1", "tml:user:t1", ttl_s=60, key="ms-token-of-alice")

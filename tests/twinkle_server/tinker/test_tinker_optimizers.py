@@ -8,8 +8,8 @@ import tinker
 from tinker import types
 
 from tests.twinkle_server.tinker.test_tinker_sdk import BASE_MODEL, DATA
-from twinkle.server.errors import BadRequest
 from twinkle.server.tinker.optimizers import check_optim_params
+from twinkle.server.web.errors import BadRequest
 
 pytestmark = pytest.mark.integration
 

@@ -26,7 +26,7 @@ ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     from twinkle.server.config import parse_config
-    from twinkle.server.local import build_local_server
+    from twinkle.server.process.local import build_local_server
     from twinkle.server.state import MemoryStore
 
     config = config_dict(

@@ -12,9 +12,9 @@ import tinker
 
 import twinkle.hub.upload as hub_upload
 from twinkle.server import hub as server_hub
-from twinkle.server.errors import BadRequest
 from twinkle.server.hub import HubPublisher
 from twinkle.server.testing import KEYS, config_dict, serve_in_thread
+from twinkle.server.web.errors import BadRequest
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +31,7 @@ def _closed_port() -> int:
 def published(tmp_path_factory):
     """(service, tinker path, request log) of a server whose hub is a closed loopback port."""
     from twinkle.server.config import parse_config
-    from twinkle.server.local import build_local_server
+    from twinkle.server.process.local import build_local_server
     from twinkle.server.state import MemoryStore
     from twinkle_client import init_tinker_client
 

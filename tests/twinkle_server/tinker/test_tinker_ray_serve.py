@@ -21,7 +21,7 @@ def serve_url(tmp_path_factory):
     from ray import serve
 
     from twinkle.server.config import parse_config
-    from twinkle.server.launch import deploy
+    from twinkle.server.process.launch import deploy
 
     data = yaml.safe_load(TINY_CONFIG.read_text())
     data["http_options"] = {"host": "127.0.0.1", "port": free_port()}

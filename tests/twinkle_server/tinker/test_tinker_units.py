@@ -12,9 +12,9 @@ from tinker.proto.response_conv import (
 )
 
 from twinkle.server.common import datum_to_input_feature, input_feature_to_datum
-from twinkle.server.errors import BadRequest
 from twinkle.server.tinker import convert as tinker_convert
 from twinkle.server.tinker import wire as tinker_wire
+from twinkle.server.web.errors import BadRequest
 from twinkle_client.tinker_compat import tinker_api_key, to_tinker_path
 
 

@@ -305,9 +305,9 @@ def test_checkpoint_archive_url_of_the_older_sdks(live_server, alice, rest, serv
 def test_a_refused_signature_before_anything_was_signed_creates_no_secret():
     """A forged download URL or token reaching a server that never signed anything is refused
     and leaves the state as it was (the fuzzer saw the secret created by the refusal)."""
-    from twinkle.server.signing import SECRET_KEY, Signer, TokenInvalid
     from twinkle.server.state import MemoryStore, ServerState
     from twinkle.server.tinker.weights_external import UrlSigner
+    from twinkle.server.web.signing import SECRET_KEY, Signer, TokenInvalid
 
     state = ServerState(MemoryStore("sign:"))
     signer = Signer(state)

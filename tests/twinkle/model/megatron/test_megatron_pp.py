@@ -139,7 +139,7 @@ def test_a_served_megatron_dp_x_tp_mesh_builds_one_world(monkeypatch):
     from twinkle.server.config import parse_config
     from twinkle.server.model import backend as backend_module
     from twinkle.server.model import deployment
-    from twinkle.server.placement import replica_num_gpus
+    from twinkle.server.process.placement import replica_num_gpus
 
     data = tiny_config_data()
     model_app = next(a for a in data["applications"] if a["import_path"] == "model")

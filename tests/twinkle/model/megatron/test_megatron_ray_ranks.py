@@ -76,7 +76,7 @@ def test_the_launcher_is_ray_exactly_when_ray_is_initialised():
 def test_the_served_mesh_gives_each_rank_actor_its_gpu_and_node():
     from tests.twinkle_server.config.config_samples import tiny_config_data
     from twinkle.server.config import parse_config
-    from twinkle.server.placement import megatron_rank_options
+    from twinkle.server.process.placement import megatron_rank_options
 
     def options(group, mesh, **args):
         data = tiny_config_data()

@@ -27,7 +27,7 @@ def _datum(tokens: list[int]):
 
 def _tp2_server(tmp_path, mesh: dict | None = None):
     from twinkle.server.config import parse_config
-    from twinkle.server.local import build_local_server
+    from twinkle.server.process.local import build_local_server
     from twinkle.server.state import MemoryStore
 
     config = config_dict(

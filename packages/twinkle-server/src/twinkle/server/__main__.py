@@ -2,6 +2,6 @@
 
 import sys
 
-from twinkle.server.cli import main
+from twinkle.server.process.cli import main
 
 sys.exit(main())

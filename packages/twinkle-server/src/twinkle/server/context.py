@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from twinkle.server.config import ServerArgs, ServerConfig
-from twinkle.server.signing import Signer
 from twinkle.server.state.server_state import ServerState, StateLimits
-from twinkle.server.web import Authenticator, authenticator_from
+from twinkle.server.web.http import Authenticator, authenticator_from
+from twinkle.server.web.signing import Signer
 
 
 @dataclass
@@ -42,8 +42,8 @@ def gateway_args(config: ServerConfig) -> ServerArgs:
 
 def build_context(config: ServerConfig | dict[str, Any], store: Any = None) -> ServerContext:
     """Config, shared state (``store`` or the one the persistence section asks for) and auth."""
-    from twinkle.server.auth import ApiKeyAuth
     from twinkle.server.ray_store import shared_store
+    from twinkle.server.web.auth import ApiKeyAuth
 
     if isinstance(config, dict):
         config = ServerConfig.model_validate(config)
@@ -72,8 +72,8 @@ def build_context(config: ServerConfig | dict[str, Any], store: Any = None) -> S
 def per_key_rate_limited(authenticate: Authenticator, rps: float) -> Authenticator:
     """``authenticate`` that also admits at most ``rps`` requests/s per tenant (one bucket per
     API key, so one key's burst never slows another's), refusing with ``RateLimited`` (429)."""
-    from twinkle.server.errors import RateLimited
     from twinkle.server.ratelimit import RateLimiter
+    from twinkle.server.web.errors import RateLimited
 
     limiter = RateLimiter(rps_limit=rps)
 

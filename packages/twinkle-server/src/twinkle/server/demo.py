@@ -77,7 +77,7 @@ def _start(config: dict[str, Any]) -> str:
 
     from twinkle.server.config import parse_config
     from twinkle.server.env import RAY_USAGE_STATS_ENABLED
-    from twinkle.server.launch import deploy
+    from twinkle.server.process.launch import deploy
 
     os.environ.setdefault(RAY_USAGE_STATS_ENABLED.name, "0")
     ray.init(

@@ -44,7 +44,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse
 
 from twinkle.errors import TwinkleError
-from twinkle.server.auth import caller_key
 from twinkle.server.context import ServerContext
 from twinkle.server.env import (
     TWINKLE_EXPORT_KEEP_S,
@@ -52,10 +51,11 @@ from twinkle.server.env import (
     TWINKLE_EXPORT_TIMEOUT_S,
     EnvVar,
 )
-from twinkle.server.errors import BadRequest, Forbidden, NotFound, ServiceError
 from twinkle.server.hub import HubPublisher, HubToken, check_hf_token, upload_folder_to_hf
-from twinkle.server.threads import off_loop
-from twinkle.server.web import read_json
+from twinkle.server.process.threads import off_loop
+from twinkle.server.web.auth import caller_key
+from twinkle.server.web.errors import BadRequest, Forbidden, NotFound, ServiceError
+from twinkle.server.web.http import read_json
 
 logger = logging.getLogger("twinkle.server.export")
 

@@ -35,7 +35,7 @@ from typing import Any
 
 from twinkle.env import environ as process_environ
 from twinkle.server.env import HF_ENDPOINT, MODELSCOPE_ENDPOINT, TWINKLE_HUB_NAMESPACE
-from twinkle.server.errors import BadRequest
+from twinkle.server.web.errors import BadRequest
 
 logger = logging.getLogger("twinkle.server.hub")
 
@@ -213,7 +213,7 @@ class HubPublisher:
         try:
             yield
         except TwinkleError:
-            raise  # ours: already a clear 4xx (twinkle.server.errors)
+            raise  # ours: already a clear 4xx (twinkle.server.web.errors)
         except Exception as exc:  # noqa: BLE001 - modelscope's and requests' errors alike
             if not _from_hub(exc):
                 raise

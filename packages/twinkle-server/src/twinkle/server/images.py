@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from twinkle.server.errors import BadRequest
+from twinkle.server.web.errors import BadRequest
 
 _DATA_URI_MARK = ";base64,"
 

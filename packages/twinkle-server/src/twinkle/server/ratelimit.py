@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from twinkle.server.errors import BadRequest, RateLimited
+from twinkle.server.web.errors import BadRequest, RateLimited
 
 
 @dataclass

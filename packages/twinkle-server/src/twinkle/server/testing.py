@@ -59,7 +59,7 @@ def config_dict(
 def local_server(tmp_path, **kwargs):
     """An in-process server of ``config_dict(**kwargs)`` storing under ``tmp_path``, state in memory."""
     from twinkle.server.config import parse_config
-    from twinkle.server.local import build_local_server
+    from twinkle.server.process.local import build_local_server
     from twinkle.server.state import MemoryStore
 
     config = config_dict(**kwargs)

@@ -72,7 +72,7 @@ class TwinkleContext:
 
             if ray.is_initialized():
                 if self.mode == "http":
-                    from twinkle.server.launch import shutdown
+                    from twinkle.server.process.launch import shutdown
 
                     shutdown()
                 else:
@@ -218,7 +218,7 @@ def _initialize_http(
     blocking: bool | None,
 ) -> TwinkleContext:
     try:
-        from twinkle.server import launch as launch_module
+        from twinkle.server.process import launch as launch_module
     except ImportError as exc:
         raise ImportError(
             "twinkle.initialize(mode='http') starts the Twinkle server, which ships in the "

@@ -44,7 +44,7 @@ _SERVER_DEFAULTS = {
     "and a pass's activations. A batch over it runs as row chunks or is refused before any "
     "work. Default: the replica's Ray memory resource when given, else on a CPU node an equal "
     "share of the node's memory among the config's model replicas "
-    "(twinkle.server.placement.memory_budget_mb), on a GPU the device's free memory.",
+    "(twinkle.server.process.placement.memory_budget_mb), on a GPU the device's free memory.",
 }
 
 

@@ -14,8 +14,8 @@ from fastapi.responses import RedirectResponse, Response
 from twinkle.server.console.access import admin_tenants as admin_tenants_of
 from twinkle.server.console.access import admin_tenants_from_env
 from twinkle.server.console.overview import operator_view, pending_calls, sessions_of
-from twinkle.server.errors import Forbidden, NotFound
 from twinkle.server.gateway.backends import Backends
+from twinkle.server.web.errors import Forbidden, NotFound
 
 CONSOLE_PATH = "/console"
 _MEDIA_TYPES = {

@@ -16,10 +16,10 @@ from twinkle.server.gateway.backends import Backends, unload_session_adapters
 from twinkle.server.gateway.openai_api import create_openai_router
 from twinkle.server.gateway.routes_common import create_common_router, delete_in_order
 from twinkle.server.gateway.routes_live_adapter import create_live_adapter_router
-from twinkle.server.openapi_bodies import document_bodies, gateway_bodies
-from twinkle.server.threads import off_loop
+from twinkle.server.process.threads import off_loop
 from twinkle.server.tinker.routers import create_tinker_router
-from twinkle.server.web import install_error_handlers
+from twinkle.server.web.http import install_error_handlers
+from twinkle.server.web.openapi_bodies import document_bodies, gateway_bodies
 
 logger = logging.getLogger("twinkle.server.gateway")
 #: How often housekeeping walks the storage for what killed saves left (seconds).

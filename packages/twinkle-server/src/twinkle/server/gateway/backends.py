@@ -6,9 +6,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from twinkle.server.errors import InternalError, NotFound, from_exception
-from twinkle.server.request_ids import current_request_id, new_request_id
 from twinkle.server.sampler.protocol import SampleLimits
+from twinkle.server.web.errors import InternalError, NotFound, from_exception
+from twinkle.server.web.request_ids import current_request_id, new_request_id
 
 logger = logging.getLogger("twinkle.server.gateway")
 

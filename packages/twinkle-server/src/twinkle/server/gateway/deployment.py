@@ -18,7 +18,7 @@ from twinkle.server.gateway.app import create_gateway_app, housekeeping_forever
 from twinkle.server.gateway.backends import Backends, HandleClient
 from twinkle.server.sampler.protocol import SampleLimits
 from twinkle.server.telemetry import TracedClient, publish_resource_gauges, setup_telemetry
-from twinkle.server.web import StartOnFirstRequest
+from twinkle.server.web.http import StartOnFirstRequest
 
 DEPLOYMENT_NAMES = {"model": "ModelManagement", "sampler": "SamplerManagement"}
 
@@ -63,7 +63,7 @@ class TinkerCompatServer:
 
 def build_app(app_config: ApplicationConfig, server_config: ServerConfig):
     """Launch builder for ``import_path: server``."""
-    from twinkle.server.launch import deployment_options
+    from twinkle.server.process.launch import deployment_options
 
     options = deployment_options(app_config, "TinkerCompatServer")
     return (

@@ -32,7 +32,6 @@ from pydantic import ValidationError
 
 from twinkle.server.config import SamplerArgs, base_model_name
 from twinkle.server.context import ServerContext
-from twinkle.server.errors import ServiceError, Unauthorized, from_exception
 from twinkle.server.gateway.backends import Backends
 from twinkle.server.gateway.openai_protocol import (
     DEFAULT_MAX_TOKENS,
@@ -49,8 +48,9 @@ from twinkle.server.gateway.openai_responses import (
     completion_response,
     stream_events,
 )
-from twinkle.server.threads import off_loop
-from twinkle.server.web import read_json
+from twinkle.server.process.threads import off_loop
+from twinkle.server.web.errors import ServiceError, Unauthorized, from_exception
+from twinkle.server.web.http import read_json
 
 MOUNT_PATH = "/openai/v1"
 INFLIGHT = "inflight://"

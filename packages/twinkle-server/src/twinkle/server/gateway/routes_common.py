@@ -12,13 +12,13 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 
 from twinkle.server.context import ServerContext
-from twinkle.server.errors import BadRequest, Gone, NotFound
 from twinkle.server.gateway.backends import Backends, unload_session_adapters
 from twinkle.server.gateway.route_table import route_table
 from twinkle.server.model.registry import delete_checkpoint as forget_checkpoint
 from twinkle.server.state._history import history_reply
 from twinkle.server.state.paths import validate_ttl
-from twinkle.server.web import read_json
+from twinkle.server.web.errors import BadRequest, Gone, NotFound
+from twinkle.server.web.http import read_json
 
 
 def _iso(ts: float | None) -> str | None:

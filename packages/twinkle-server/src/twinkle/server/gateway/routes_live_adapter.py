@@ -18,10 +18,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from twinkle.server.context import ServerContext
-from twinkle.server.errors import BadRequest
 from twinkle.server.gateway.backends import Backends
 from twinkle.server.sampler.protocol import INFLIGHT_SCHEME
-from twinkle.server.web import read_json
+from twinkle.server.web.errors import BadRequest
+from twinkle.server.web.http import read_json
 
 _FIELDS = {"base_model", "adapter_name", "encoding"}
 _ENCODINGS = ("tensors", "base64")

@@ -5,7 +5,7 @@ Everything is checked before anything changes: the file names (``adapter_config.
 ``adapter_model.safetensors``, nothing else), the config (JSON, ``peft_type`` LORA, every
 LoraConfig field accepted by :mod:`twinkle.model.lora_fields`, the base model), the rank and
 scaling of every module against the tenant's adapter, and every tensor's key and shape. Any
-mismatch is a :class:`~twinkle.server.errors.BadRequest` naming what differs. Then the weights are
+mismatch is a :class:`~twinkle.server.web.errors.BadRequest` naming what differs. Then the weights are
 loaded and the files are written, atomically, into the tenant's own storage; if writing fails the
 adapter gets its previous weights back.
 """
@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 from twinkle.errors import InvalidArgumentError
 from twinkle.model.checkpoint import ADAPTER_CONFIG, ADAPTER_WEIGHTS, atomic_directory
 from twinkle.model.protocol import capabilities_of
-from twinkle.server.errors import BadRequest
 from twinkle.server.model import protocol as p
 from twinkle.server.model.host import ModelHost
 from twinkle.server.model.protocol import Call
 from twinkle.server.state import validate_checkpoint_name
+from twinkle.server.web.errors import BadRequest
 
 if TYPE_CHECKING:
     import torch

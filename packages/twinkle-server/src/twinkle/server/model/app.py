@@ -8,16 +8,16 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from twinkle.server.auth import caller_key
-from twinkle.server.errors import NotFound
 from twinkle.server.model.service import ModelService
-from twinkle.server.openapi_bodies import document_bodies, model_bodies
-from twinkle.server.web import (
+from twinkle.server.web.auth import caller_key
+from twinkle.server.web.errors import NotFound
+from twinkle.server.web.http import (
     DEFAULT_MAX_REQUEST_BYTES,
     Authenticator,
     install_error_handlers,
     read_json,
 )
+from twinkle.server.web.openapi_bodies import document_bodies, model_bodies
 
 
 def create_model_app(
@@ -33,7 +33,7 @@ def create_model_app(
     method's result as JSON. ``GET /healthz`` needs no key. ``GET /endpoint`` tells a client
     where this model answers without the Serve proxy: ``{"direct_url": "http://host:port"}``
     (same paths, same keys), or ``null`` when it does not (``direct_url`` returns the address).
-    ``signer`` (the server's :class:`~twinkle.server.signing.Signer`) reads the API key sealed in
+    ``signer`` (the server's :class:`~twinkle.server.web.signing.Signer`) reads the API key sealed in
     a presented token, for operations that use the caller's key.
     """
     app = FastAPI(title=f"Twinkle model {service.base_model}")

@@ -18,24 +18,24 @@ from twinkle.server.model.operations import native_operations
 from twinkle.server.model.registry import StateRunRegistry
 from twinkle.server.model.service import ModelService
 from twinkle.server.model.tinker_ops import tinker_operations
-from twinkle.server.placement import (
+from twinkle.server.process.placement import (
     megatron_rank_options,
     megatron_world,
     memory_budget_mb,
     placement_of,
     worker_options,
 )
+from twinkle.server.process.threads import build_on_model_thread, cpu_threads
 from twinkle.server.ratelimit import RateLimiter
 from twinkle.server.telemetry import ModelTaskMetrics, serve_traced, setup_telemetry
-from twinkle.server.threads import build_on_model_thread, cpu_threads
-from twinkle.server.web import StartOnFirstRequest
+from twinkle.server.web.http import StartOnFirstRequest
 
 
 def build_service(app_config: ApplicationConfig, context) -> ModelService:
     """A ModelService for one ``model`` application of the config.
 
     The model is built on the thread that will run every call on it (see
-    :func:`~twinkle.server.threads.model_thread`).
+    :func:`~twinkle.server.process.threads.model_thread`).
     """
     args = app_config.args
     kwargs: dict[str, Any] = {}
@@ -205,7 +205,7 @@ class ModelManagement:
 
 def build_app(app_config: ApplicationConfig, server_config: ServerConfig):
     """Launch builder for ``import_path: model``."""
-    from twinkle.server.launch import deployment_options
+    from twinkle.server.process.launch import deployment_options
 
     options = deployment_options(app_config, "ModelManagement")
     deployment = serve.deployment(ModelManagement).options(**options)

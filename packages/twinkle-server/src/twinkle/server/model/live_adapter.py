@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from twinkle.model.protocol import capabilities_of
-from twinkle.server.errors import BadRequest
 from twinkle.server.model.protocol import Call, Empty, Operation, OperationTable
+from twinkle.server.web.errors import BadRequest
 
 
 def adapter_tensors(service: Any, call: Call, request: Empty) -> dict[str, Any]:

@@ -18,8 +18,6 @@ from pydantic import Field, field_validator
 
 from twinkle.model.checkpoint import TRAINER_STATE
 from twinkle.model.protocol import AdamParams
-from twinkle.server.encoding import jsonable
-from twinkle.server.errors import BadRequest, NotFound
 from twinkle.server.images import check_request_images
 from twinkle.server.model import protocol as p
 from twinkle.server.model.adapter_upload import upload_adapter
@@ -27,6 +25,8 @@ from twinkle.server.model.host import ModelHost
 from twinkle.server.model.protocol import Call, Operation, OperationTable
 from twinkle.server.state import validate_checkpoint_name
 from twinkle.server.state.records import EPHEMERAL_PREFIX, RESERVED_NAME
+from twinkle.server.web.encoding import jsonable
+from twinkle.server.web.errors import BadRequest, NotFound
 from twinkle_client.processor.base import CONVERSATION_KEYS
 
 logger = logging.getLogger("twinkle.server.model")

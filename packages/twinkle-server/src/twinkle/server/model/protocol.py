@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from twinkle.server.errors import BadRequest, NotFound
+from twinkle.server.web.errors import BadRequest, NotFound
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Protocol
 
-from twinkle.server.errors import BadRequest
 from twinkle.server.state.errors import NotFoundError
+from twinkle.server.web.errors import BadRequest
 
 #: How long a reserved adapter slot counts while its run record is not written yet: far longer
 #: than the one store write between the reservation and the record (a process killed in between

@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from twinkle.server.threads import model_thread
+from twinkle.server.process.threads import model_thread
 
 FUSABLE = ("forward_backward", "clip_grad_and_step")
 """The kinds a scheduler may fuse; the service narrows it to what its backend declares."""

@@ -15,15 +15,6 @@ from typing import Any
 from twinkle.errors import WorkerLostError
 from twinkle.hub.upload import UploadTracker
 from twinkle.model.protocol import capabilities_of
-from twinkle.server.encoding import jsonable
-from twinkle.server.errors import (
-    AtCapacity,
-    BadRequest,
-    Gone,
-    InternalError,
-    NotFound,
-    from_exception,
-)
 from twinkle.server.hub import HubPublisher
 from twinkle.server.model.operations import (
     check_lengths,
@@ -36,9 +27,18 @@ from twinkle.server.model.protocol import Call, Empty, Operation, OperationTable
 from twinkle.server.model.registry import RunRegistry
 from twinkle.server.model.scheduler import FUSABLE, FairScheduler, Task
 from twinkle.server.ratelimit import RateLimiter
-from twinkle.server.request_ids import new_request_id
 from twinkle.server.state._history import RunHistory
 from twinkle.server.state.paths import validate_id
+from twinkle.server.web.encoding import jsonable
+from twinkle.server.web.errors import (
+    AtCapacity,
+    BadRequest,
+    Gone,
+    InternalError,
+    NotFound,
+    from_exception,
+)
+from twinkle.server.web.request_ids import new_request_id
 
 logger = logging.getLogger("twinkle.server.model")
 
@@ -99,7 +99,7 @@ class ModelService:
         max_fused: Most tenants fused into one pass.
         fuse_wait_s: Longest a fusable group waits for tenants about to join it.
         executor: The single thread that built ``model`` (see
-            :func:`~twinkle.server.threads.model_thread`); every call runs on it.
+            :func:`~twinkle.server.process.threads.model_thread`); every call runs on it.
         operations: The operations served (default: the Twinkle-native ones; the deployment
             adds the Tinker ones, see :func:`twinkle.server.model.tinker_ops.tinker_operations`).
         hub: Hub settings and token rule of ``upload_to_hub`` (default: environment only).
@@ -191,7 +191,7 @@ class ModelService:
         payload: dict[str, Any] | None = None,
         presented_key: str | None = None,
     ) -> Any:
-        """Run ``op`` for tenant ``owner``; raises :class:`~twinkle.server.errors.ServiceError`.
+        """Run ``op`` for tenant ``owner``; raises :class:`~twinkle.server.web.errors.ServiceError`.
 
         The body is validated against the operation's request model and admitted (adapter
         exists or may be created, rate limits, lengths) before it is queued: a refused call

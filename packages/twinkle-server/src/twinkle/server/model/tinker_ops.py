@@ -17,11 +17,11 @@ from typing import Any
 
 from twinkle.model import numerics
 from twinkle.model.protocol import AdamParams
-from twinkle.server.encoding import finite_json, jsonable
-from twinkle.server.errors import BadRequest
 from twinkle.server.model.operations import optim_step
 from twinkle.server.model.protocol import Call, Empty, Operation, OperationTable, OptimStep
 from twinkle.server.model.tinker_weights_ops import weights_operations
+from twinkle.server.web.encoding import finite_json, jsonable
+from twinkle.server.web.errors import BadRequest
 
 
 def check_adam_params(params: Any) -> dict[str, float]:

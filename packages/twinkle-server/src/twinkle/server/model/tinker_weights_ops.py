@@ -18,9 +18,9 @@ from typing import Any
 from pydantic import Field
 
 from twinkle.model.protocol import capabilities_of
-from twinkle.server.errors import BadRequest
 from twinkle.server.model.protocol import Call, Empty, Operation, OperationTable, Request
 from twinkle.server.state import validate_checkpoint_name
+from twinkle.server.web.errors import BadRequest
 
 EXTERNAL_KIND = "external_weights"
 MAX_RECIPIENTS = 10

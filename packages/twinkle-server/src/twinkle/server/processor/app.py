@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from fastapi import FastAPI, Request
 
-from twinkle.server.openapi_bodies import document_bodies, processor_bodies
 from twinkle.server.processor.service import ProcessorService
-from twinkle.server.web import (
+from twinkle.server.web.http import (
     DEFAULT_MAX_REQUEST_BYTES,
     Authenticator,
     install_error_handlers,
     read_json,
 )
+from twinkle.server.web.openapi_bodies import document_bodies, processor_bodies
 
 
 def create_processor_app(

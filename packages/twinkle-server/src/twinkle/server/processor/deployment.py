@@ -26,7 +26,7 @@ class ProcessorManagement:
 
     def placement(self) -> dict[str, Any]:
         """Where this replica runs (node, resources)."""
-        from twinkle.server.placement import placement_of
+        from twinkle.server.process.placement import placement_of
 
         return placement_of(self.service)
 
@@ -43,7 +43,7 @@ class ProcessorManagement:
 
 def build_app(app_config: ApplicationConfig, server_config: ServerConfig):
     """Launch builder for ``import_path: processor``."""
-    from twinkle.server.launch import deployment_options
+    from twinkle.server.process.launch import deployment_options
 
     options = deployment_options(app_config, "ProcessorManagement")
     return (

@@ -15,9 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from twinkle.server.encoding import jsonable
 from twinkle.server.env import TWINKLE_PROCESSOR_DATA_DIRS
-from twinkle.server.errors import BadRequest, Forbidden, NotFound, from_exception
+from twinkle.server.web.encoding import jsonable
+from twinkle.server.web.errors import BadRequest, Forbidden, NotFound, from_exception
 
 ALLOWED_DIRS_ENV = TWINKLE_PROCESSOR_DATA_DIRS.name
 _HUB_SCHEMES = ("builtin://", "ms://", "hf://")

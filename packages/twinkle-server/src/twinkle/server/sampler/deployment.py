@@ -9,17 +9,17 @@ from ray import serve
 
 from twinkle.server.config import ApplicationConfig, ServerConfig, base_model_name
 from twinkle.server.context import build_context
-from twinkle.server.openapi_bodies import document_bodies, sampler_bodies
+from twinkle.server.process.threads import build_on_model_thread, cpu_threads
 from twinkle.server.ratelimit import RateLimiter
 from twinkle.server.sampler.service import SampleLimits, SamplerService
 from twinkle.server.telemetry import serve_traced, setup_telemetry
-from twinkle.server.threads import build_on_model_thread, cpu_threads
-from twinkle.server.web import (
+from twinkle.server.web.http import (
     DEFAULT_MAX_REQUEST_BYTES,
     Authenticator,
     install_error_handlers,
     read_json,
 )
+from twinkle.server.web.openapi_bodies import document_bodies, sampler_bodies
 
 _SAMPLER_CLASSES = {"torch": "TorchSampler", "vllm": "vLLMSampler", "mock": "MockSampler"}
 
@@ -33,7 +33,7 @@ def create_sampler(
     """The sampler for ``sampler_type`` (torch, vllm, mock); with ``device_mesh.dp_size`` N > 1,
     N replicas as Ray actors (``twinkle.parallel.DataParallelSampler``), requests spread over them.
     ``max_length`` bounds prompt plus completion (:class:`SampleLimits`); a torch sampler's
-    memory budget defaults from ``server_config`` (:func:`twinkle.server.placement.memory_budget_mb`)."""
+    memory budget defaults from ``server_config`` (:func:`twinkle.server.process.placement.memory_budget_mb`)."""
     args = app_config.args
     if args.sampler_type not in _SAMPLER_CLASSES:
         raise ValueError(f"unknown sampler_type {args.sampler_type!r}; use torch, vllm or mock")
@@ -43,7 +43,7 @@ def create_sampler(
     }
     if args.sampler_type == "torch":
         kwargs["max_loras"] = args.max_loras
-        from twinkle.server.placement import memory_budget_mb
+        from twinkle.server.process.placement import memory_budget_mb
 
         kwargs["options"] = args.execution.options().replace(
             memory_budget_mb=memory_budget_mb(app_config, server_config)
@@ -55,7 +55,7 @@ def create_sampler(
             kwargs["engine_args"].setdefault("tensor_parallel_size", mesh.tp_size)
     if mesh is not None and mesh.dp_size > 1:
         from twinkle.parallel import DataParallelSampler
-        from twinkle.server.placement import worker_options
+        from twinkle.server.process.placement import worker_options
 
         placement = worker_options(app_config)
         return DataParallelSampler(
@@ -145,14 +145,14 @@ class SamplerManagement:
 
     def placement(self) -> dict[str, Any]:
         """Where this replica and its data-parallel ranks run (node, GPUs, resources)."""
-        from twinkle.server.placement import placement_of
+        from twinkle.server.process.placement import placement_of
 
         return placement_of(self.service.sampler)
 
 
 def build_app(app_config: ApplicationConfig, server_config: ServerConfig):
     """Launch builder for ``import_path: sampler``."""
-    from twinkle.server.launch import deployment_options
+    from twinkle.server.process.launch import deployment_options
 
     options = deployment_options(app_config, "SamplerManagement")
     return (

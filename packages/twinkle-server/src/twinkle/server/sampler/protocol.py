@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from twinkle.server.config import ModelArgs, base_model_name
-from twinkle.server.errors import BadRequest
+from twinkle.server.web.errors import BadRequest
 
 INFLIGHT_SCHEME = "inflight://"
 """The scheme of a live (in-memory) adapter's uri: ``inflight://<name>``."""

@@ -8,8 +8,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from twinkle.sampler.base import check_prompt_lengths
-from twinkle.server.encoding import jsonable
-from twinkle.server.errors import BadRequest, NotFound, from_exception
 from twinkle.server.images import check_request_images
 from twinkle.server.ratelimit import RateLimiter
 from twinkle.server.sampler.protocol import (
@@ -18,6 +16,8 @@ from twinkle.server.sampler.protocol import (
     decode_adapter_state,
     sampler_key,
 )
+from twinkle.server.web.encoding import jsonable
+from twinkle.server.web.errors import BadRequest, NotFound, from_exception
 from twinkle_client.sampler.types import SamplingParams
 
 MAX_LIVE_ADAPTERS_PER_KEY = 8

@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from twinkle.server.errors import PayloadTooLarge
 from twinkle.server.state._base import StateBase, new_id
 from twinkle.server.state.errors import BadRequestError, ConflictError, ForbiddenError, GoneError
 from twinkle.server.state.paths import validate_id
 from twinkle.server.state.records import SamplingSessionRecord, SessionRecord, TrainingRunRecord
+from twinkle.server.web.errors import PayloadTooLarge
 
 SESSION, RUN, SAMPLING, QUOTA = "session/", "run/", "sampling/", "quota/"
 SESSION_INFO = "session_info/"

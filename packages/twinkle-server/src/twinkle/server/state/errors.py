@@ -1,4 +1,4 @@
-"""Errors of the state layer: the service errors of :mod:`twinkle.server.errors`, by state name.
+"""Errors of the state layer: the service errors of :mod:`twinkle.server.web.errors`, by state name.
 
 A record owned by another tenant raises :class:`NotFoundError`, exactly like a missing one, so that a
 tenant can never learn whether another tenant's id exists.
@@ -6,7 +6,7 @@ tenant can never learn whether another tenant's id exists.
 
 from __future__ import annotations
 
-from twinkle.server.errors import (
+from twinkle.server.web.errors import (
     BadRequest,
     Conflict,
     Forbidden,

@@ -21,10 +21,10 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from twinkle.server.errors import BadRequest, Forbidden, Unauthorized
-from twinkle.server.signing import JWT_TTL_S, looks_like_jwt
 from twinkle.server.tinker.api import TinkerApi
 from twinkle.server.tinker.sessions import DEFAULT_PROJECT, owner_urn
+from twinkle.server.web.errors import BadRequest, Forbidden, Unauthorized
+from twinkle.server.web.signing import JWT_TTL_S, looks_like_jwt
 
 AUDIT_TYPES = {"all": "", "checkpoints": "checkpoint_", "projects": "project_"}
 EMPTY_AUDIT_TYPES = ("teams", "organizations")  # no teams or organisations in Twinkle

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from twinkle.server.context import ServerContext
-from twinkle.server.errors import BadRequest
 from twinkle.server.gateway.backends import Backends
 from twinkle.server.tinker.futures import TinkerFutures, body_digest
 from twinkle.server.tinker.models import checkpoint_facts
+from twinkle.server.web.errors import BadRequest
 
 LONG_POLL_S = 25.0
 EPHEMERAL_TTL_S = 24 * 3600.0

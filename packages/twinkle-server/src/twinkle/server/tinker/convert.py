@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 from tinker import types
 
-from twinkle.server.errors import BadRequest
 from twinkle.server.tinker.wire import WireDatum
+from twinkle.server.web.errors import BadRequest
 
 ATTN_MODULES = [
     "q_proj",

@@ -17,9 +17,9 @@ from tinker import types
 
 from twinkle.errors import InvalidArgumentError
 from twinkle.loss.fx_graph import parse_graph
-from twinkle.server.errors import BadRequest
 from twinkle.server.tinker import convert
 from twinkle.server.tinker.wire import WireDatum, WireForwardBackward
+from twinkle.server.web.errors import BadRequest
 
 MAX_LOSSES_PER_KEY = 256
 

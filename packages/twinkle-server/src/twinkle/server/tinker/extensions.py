@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from twinkle.server.errors import BadRequest
 from twinkle.server.tinker import convert
 from twinkle.server.tinker.wire import WireForwardBackward
+from twinkle.server.web.errors import BadRequest
 
 DISABLE_LORA = "disable_lora"
 REF_LOGPS = "ref_logps"

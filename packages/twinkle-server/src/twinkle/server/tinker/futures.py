@@ -27,15 +27,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from twinkle.server.errors import (
+from twinkle.server.state._base import new_id
+from twinkle.server.state._futures import LEASE_TTL_S, UNRECORDED
+from twinkle.server.web.errors import (
     AtCapacity,
     RateLimited,
     ServiceError,
     Unavailable,
     from_exception,
 )
-from twinkle.server.state._base import new_id
-from twinkle.server.state._futures import LEASE_TTL_S, UNRECORDED
 
 logger = logging.getLogger("twinkle.server.gateway.tinker")
 

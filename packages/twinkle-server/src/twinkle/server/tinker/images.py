@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from twinkle.server.errors import BadRequest
 from twinkle.server.images import DEFAULT_LIMITS, check_image_bytes
 from twinkle.server.tinker.wire import WireDatum
+from twinkle.server.web.errors import BadRequest
 
 _FORMATS = ("png", "jpeg")
 

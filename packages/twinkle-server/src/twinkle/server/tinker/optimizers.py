@@ -14,8 +14,8 @@ from typing import Any
 
 from tinker import types
 
-from twinkle.server.errors import BadRequest
 from twinkle.server.model.tinker_ops import check_adam_params
+from twinkle.server.web.errors import BadRequest
 
 _REFUSED = {"dimuon": "DimuonParams"}
 

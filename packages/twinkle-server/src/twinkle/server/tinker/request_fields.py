@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from tinker import types
 
-from twinkle.server.errors import BadRequest
+from twinkle.server.web.errors import BadRequest
 
 logger = logging.getLogger("twinkle.server.tinker")
 

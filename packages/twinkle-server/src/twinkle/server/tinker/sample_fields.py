@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from tinker import types
 
-from twinkle.server.errors import BadRequest
+from twinkle.server.web.errors import BadRequest
 
 MASK_LOGPROB = -99999.0  # the SDK's "no entry" in a top-k row (``TopkLogprobs``), with token 0
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from tinker import types
 
-from twinkle.server.errors import BadRequest
+from twinkle.server.process.threads import off_loop
 from twinkle.server.state.errors import NotFoundError
-from twinkle.server.threads import off_loop
 from twinkle.server.tinker import convert, sample_fields, stability, wire
 from twinkle.server.tinker import images as tinker_images
 from twinkle.server.tinker.admin import count_sample_usage
@@ -14,6 +13,7 @@ from twinkle.server.tinker.api import TinkerApi
 from twinkle.server.tinker.futures import Proto
 from twinkle.server.tinker.models import checkpoint_facts, model_facts
 from twinkle.server.tinker.session_futures import sample_target
+from twinkle.server.web.errors import BadRequest
 
 
 def create_sampling_session(

@@ -20,13 +20,13 @@ from typing import Any
 
 from tinker import types
 
-from twinkle.server.errors import BadRequest, Gone
+from twinkle.server.process.threads import off_loop
 from twinkle.server.state._futures import ORPHANED
 from twinkle.server.state.records import FutureRecord
-from twinkle.server.threads import off_loop
 from twinkle.server.tinker import wire_json
 from twinkle.server.tinker.api import LONG_POLL_S, TinkerApi
 from twinkle.server.tinker.futures import PROTOBUF
+from twinkle.server.web.errors import BadRequest, Gone
 
 CLONE_BLOCK = 1_000_000_000  # the SDK's seq_id block per cloned SamplingClient
 RESCAN_S = 1.0  # completions on other replicas are seen within this

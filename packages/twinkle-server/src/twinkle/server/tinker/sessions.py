@@ -12,10 +12,10 @@ from typing import Any
 
 from tinker import types
 
-from twinkle.server.errors import BadRequest
 from twinkle.server.gateway.routes_common import checkpoint_to_wire
 from twinkle.server.state.records import SessionRecord
 from twinkle.server.tinker.api import TinkerApi
+from twinkle.server.web.errors import BadRequest
 
 DEFAULT_PROJECT = "default"
 CLIENT_FINISH_REASONS = ("success", "errored", "interrupted")

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from twinkle.server.errors import BadRequest
+from twinkle.server.web.errors import BadRequest
 
 MAX_SEQUENCES = 200_000
 

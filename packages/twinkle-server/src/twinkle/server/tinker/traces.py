@@ -3,7 +3,7 @@
 The trace is built when it is downloaded, from the session's futures (one slice per request,
 from submission to completion, one track per model or sampler), in the Chrome trace-event JSON
 format that https://ui.perfetto.dev opens. The download URL carries a signed, expiring token
-instead of a key (the SDK downloads it with a plain GET), signed by :mod:`twinkle.server.signing`.
+instead of a key (the SDK downloads it with a plain GET), signed by :mod:`twinkle.server.web.signing`.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 
 from fastapi import Request
 
-from twinkle.server.errors import NotFound
-from twinkle.server.signing import Signer
 from twinkle.server.state.records import FutureRecord
+from twinkle.server.web.errors import NotFound
+from twinkle.server.web.signing import Signer
 
 URL_TTL_S = 3600
 

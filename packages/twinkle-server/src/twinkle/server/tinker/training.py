@@ -12,14 +12,14 @@ from typing import Any
 import numpy as np
 from tinker import types
 
-from twinkle.server.errors import BadRequest
-from twinkle.server.threads import off_loop
+from twinkle.server.process.threads import off_loop
 from twinkle.server.tinker import convert, custom_loss, extensions, optimizers, wire
 from twinkle.server.tinker import images as tinker_images
 from twinkle.server.tinker.api import SequencedCall, TinkerApi
 from twinkle.server.tinker.futures import Proto, body_digest
 from twinkle.server.tinker.models import model_facts
 from twinkle.server.tinker.stability import bind_sampler_logprobs, store_for
+from twinkle.server.web.errors import BadRequest
 
 OPTIMIZER = "adamw"  # the one optimizer family this server trains with
 

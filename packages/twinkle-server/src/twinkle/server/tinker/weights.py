@@ -9,7 +9,6 @@ from typing import Any
 
 from tinker import types
 
-from twinkle.server.errors import BadRequest
 from twinkle.server.hub import HubPublisher
 from twinkle.server.state.paths import validate_checkpoint_name, validate_ttl
 from twinkle.server.state.records import EPHEMERAL_PREFIX, RESERVED_NAME
@@ -21,6 +20,7 @@ from twinkle.server.tinker.api import (
 from twinkle.server.tinker.inflight import inflight_save
 from twinkle.server.tinker.models import checkpoint_facts
 from twinkle.server.tinker.request_fields import LoadWeightsRequest
+from twinkle.server.web.errors import BadRequest
 
 
 async def save_weights(

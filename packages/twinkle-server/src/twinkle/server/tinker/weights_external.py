@@ -31,18 +31,18 @@ from urllib.parse import quote
 
 from tinker import types
 
-from twinkle.server.errors import BadRequest, Forbidden, NotFound
 from twinkle.server.model.tinker_weights_ops import EXTERNAL_KIND, age_recipients
-from twinkle.server.signing import Signer
+from twinkle.server.process.threads import off_loop
 from twinkle.server.state import checkpoint_dir
 from twinkle.server.state.paths import (
     MAX_CHECKPOINT_TTL_S,
     parse_checkpoint_path,
     validate_checkpoint_name,
 )
-from twinkle.server.threads import off_loop
 from twinkle.server.tinker import convert
 from twinkle.server.tinker.api import TinkerApi
+from twinkle.server.web.errors import BadRequest, Forbidden, NotFound
+from twinkle.server.web.signing import Signer
 
 URL_TTL_S = 3600.0
 MIN_TTL_S, MAX_TTL_S = 3600, MAX_CHECKPOINT_TTL_S  # the longest any checkpoint may have

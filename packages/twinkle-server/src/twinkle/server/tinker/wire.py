@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from twinkle.server.errors import BadRequest
+from twinkle.server.web.errors import BadRequest
 
 PROTOBUF = "application/x-protobuf"
 # Proto DType -> numpy (FLOAT32=1, INT64=2, INT32=3, BF16=4 as raw uint16).

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from twinkle.server.encoding import finite_json
-from twinkle.server.errors import BadRequest
 from twinkle.server.tinker.wire import PROTOBUF, WireDatum, WireForwardBackward
+from twinkle.server.web.encoding import finite_json
+from twinkle.server.web.errors import BadRequest
 
 _DTYPES = {"int64": np.int64, "int32": np.int32, "float32": np.float32, "float64": np.float64}
 

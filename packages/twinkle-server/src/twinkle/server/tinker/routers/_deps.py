@@ -7,10 +7,10 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
-from twinkle.server.errors import PayloadTooLarge
 from twinkle.server.tinker.api import TinkerApi
 from twinkle.server.tinker.request_fields import parse
-from twinkle.server.web import read_json
+from twinkle.server.web.errors import PayloadTooLarge
+from twinkle.server.web.http import read_json
 
 
 class BindApi:

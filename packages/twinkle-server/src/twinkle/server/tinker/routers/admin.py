@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from twinkle.server.auth import presented_key
 from twinkle.server.tinker import admin
 from twinkle.server.tinker.routers._deps import Api, Owner
+from twinkle.server.web.auth import presented_key
 
 router = APIRouter()
 

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 
 from twinkle.server.tinker.api import CLIENT_CONFIG
 from twinkle.server.tinker.routers._deps import Api, Owner, read_body
-from twinkle.server.web import read_json
+from twinkle.server.web.http import read_json
 
 router = APIRouter()
 

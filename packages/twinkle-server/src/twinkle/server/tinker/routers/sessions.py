@@ -10,7 +10,7 @@ from tinker import types
 
 from twinkle.server.tinker import sessions, traces
 from twinkle.server.tinker.routers._deps import Api, Owner, sdk_body
-from twinkle.server.web import read_json
+from twinkle.server.web.http import read_json
 
 router = APIRouter()
 

@@ -7,11 +7,11 @@ from typing import Annotated
 from fastapi import APIRouter, Request
 from tinker import types
 
-from twinkle.server.auth import caller_key
 from twinkle.server.tinker import weights
 from twinkle.server.tinker.request_fields import LoadWeightsRequest
 from twinkle.server.tinker.routers._deps import Api, IdemKey, Owner, sdk_body
-from twinkle.server.web import read_json
+from twinkle.server.web.auth import caller_key
+from twinkle.server.web.http import read_json
 
 router = APIRouter()
 CHECKPOINT = "/training_runs/{run_id}/checkpoints/{kind}/{name}"

@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser(
         "status", help="show the state of a running server", add_help=False
-    )  # its options belong to twinkle.server.status
+    )  # its options belong to twinkle.server.process.status
     return parser
 
 
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _check_config(config, args) -> int:
-    from twinkle.server.preflight import preflight_problems
+    from twinkle.server.process.preflight import preflight_problems
 
     problems = preflight_problems(config)
     if problems:
@@ -141,8 +141,8 @@ def _print_config(config, args) -> int:
 
 
 def _launch(config, args) -> int:
-    from twinkle.server.launch import LaunchError, launch
-    from twinkle.server.preflight import preflight_problems
+    from twinkle.server.process.launch import LaunchError, launch
+    from twinkle.server.process.preflight import preflight_problems
 
     problems = preflight_problems(config)
     if problems:  # before Ray starts: seconds, not a failed deployment minutes later
@@ -151,7 +151,7 @@ def _launch(config, args) -> int:
             print(f"  - {problem}", file=sys.stderr)
         return EXIT_INVALID
     if args.local:
-        from twinkle.server.local import serve_local
+        from twinkle.server.process.local import serve_local
 
         try:
             serve_local(config)
@@ -207,11 +207,11 @@ def _export_history(config, args) -> int:
 
 def _status(argv: list[str]) -> int:
     try:
-        status = importlib.import_module("twinkle.server.status")
+        status = importlib.import_module("twinkle.server.process.status")
     except ModuleNotFoundError as error:
-        if error.name != "twinkle.server.status":
+        if error.name != "twinkle.server.process.status":
             raise
-        print("error: 'status' is not available in this install (no twinkle.server.status)",
+        print("error: 'status' is not available in this install (no twinkle.server.process.status)",
               file=sys.stderr)  # fmt: skip
         return EXIT_USAGE
     return status.main(argv)

@@ -24,7 +24,7 @@ from twinkle.server.config import (
 )
 from twinkle.server.context import ServerContext, build_context
 from twinkle.server.gateway.backends import Backends, LocalClient
-from twinkle.server.launch import LaunchError
+from twinkle.server.process.launch import LaunchError
 from twinkle.server.sampler.protocol import SampleLimits
 from twinkle.server.telemetry import (
     TracedClient,
@@ -107,7 +107,7 @@ def build_local_server(config: ServerConfig, store: Any = None) -> LocalServer:
         if app_config.import_path == "server" or isinstance(app_config.args, ServerArgs):
             mounts.append((app_config.route_prefix, create_gateway_app(ctx, backends)))
     mounts.sort(key=lambda m: len(m[0]), reverse=True)
-    from twinkle.server.web import http_error
+    from twinkle.server.web.http import http_error
 
     app = Starlette(
         routes=[Mount(prefix.rstrip("/"), app=sub) for prefix, sub in mounts],
@@ -137,7 +137,7 @@ def serve_local(config: ServerConfig) -> None:
     """Serve ``config`` from this process on its ``http_options`` address until interrupted."""
     import uvicorn
 
-    from twinkle.server.web import StartOnFirstRequest
+    from twinkle.server.web.http import StartOnFirstRequest
 
     host, port = config.http_options.host, config.http_options.port
     # Bound before anything is built or printed: a port another process holds is an error that

@@ -1,7 +1,7 @@
 """API-key authentication: who is calling, as a tenant id.
 
 A caller presents an API key, or a short-lived JWT the server minted for one of its keys
-(``auth/token``; :mod:`twinkle.server.signing`), which the Tinker SDK exchanges its key for.
+(``auth/token``; :mod:`twinkle.server.web.signing`), which the Tinker SDK exchanges its key for.
 Keys come from the server config, a keys file (one per line, ``#`` comment lines) and the
 environment variable ``TWINKLE_SERVER_API_KEYS`` (comma-separated). A server without any key
 refuses to start unless anonymous access is requested explicitly. Only sha256 digests of the keys
@@ -29,9 +29,9 @@ from fastapi import HTTPException, Request
 
 from twinkle._logging import get_logger
 from twinkle.env import environ as process_environ
-from twinkle.server.errors import BadRequest, Unauthorized
-from twinkle.server.signing import looks_like_jwt
 from twinkle.server.state.paths import tenant_id_for_key
+from twinkle.server.web.errors import BadRequest, Unauthorized
+from twinkle.server.web.signing import looks_like_jwt
 
 logger = get_logger(__name__)
 

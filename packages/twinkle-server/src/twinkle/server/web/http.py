@@ -13,8 +13,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from twinkle.server import request_ids
-from twinkle.server.errors import (
+from twinkle.server.web import request_ids
+from twinkle.server.web.errors import (
     BadRequest,
     NotFound,
     PayloadTooLarge,

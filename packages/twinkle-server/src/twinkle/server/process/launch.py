@@ -23,7 +23,7 @@ from twinkle.server.env import (
     TWINKLE_TRUST_REMOTE_CODE,
 )
 
-logger = logging.getLogger("twinkle.server.launch")
+logger = logging.getLogger("twinkle.server.process.launch")
 
 APP_BUILDERS: dict[str, str] = {
     "server": "twinkle.server.gateway.deployment:build_app",
@@ -47,7 +47,7 @@ def deployment_options(app_config: ApplicationConfig, deployment_name: str) -> d
 
     The deployment is matched by ``name``; an application with a single deployment entry uses it
     whatever its name. Defaults fill what the YAML omits: ``num_cpus=0.1``, ``num_gpus`` from the
-    application's ``device_group`` (see :mod:`twinkle.server.placement`),
+    application's ``device_group`` (see :mod:`twinkle.server.process.placement`),
     ``max_ongoing_requests`` by application kind, and ``TWINKLE_TRUST_REMOTE_CODE`` copied from the
     launcher's environment unless the deployment sets it.
 
@@ -84,7 +84,7 @@ def deployment_options(app_config: ApplicationConfig, deployment_name: str) -> d
         env_vars.update(merged.env_vars)
         runtime_env.update(merged.model_dump(exclude_none=True, exclude={"env_vars"}))
     if "num_gpus" not in actor:
-        from twinkle.server.placement import replica_num_gpus
+        from twinkle.server.process.placement import replica_num_gpus
 
         gpus = replica_num_gpus(app_config)
         if gpus:
@@ -121,7 +121,7 @@ def resolve_builder(import_path: str) -> Callable[[ApplicationConfig, ServerConf
 # and those are the Serve controller, the gateway, the processor and the state store (actors
 # Ray restarts), never a Serve replica: the control plane died for memory a model replica
 # held. Each model replica keeps itself within its memory budget instead
-# (``execution.memory_budget_mb``, twinkle.server.placement.memory_budget_mb), and should one
+# (``execution.memory_budget_mb``, twinkle.server.process.placement.memory_budget_mb), and should one
 # still run the node out of memory, the kernel's OOM killer picks the largest of Ray's workers
 # (Ray gives them all the same oom_score_adj, Ray's own daemons none): the replica that holds
 # the memory, which Serve then starts again.
@@ -355,7 +355,7 @@ def launch(
     Returns:
         The gateway's base URL.
     """
-    from twinkle.server.preflight import preflight_problems
+    from twinkle.server.process.preflight import preflight_problems
 
     problems = preflight_problems(config)
     if problems:

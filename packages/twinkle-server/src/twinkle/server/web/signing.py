@@ -4,7 +4,7 @@ One random 32-byte secret lives in the shared store (created by whichever replic
 so every replica, and every restart with a persistent store, signs and verifies with the same one.
 A process reads it once. The JWTs are HS256 tokens naming the tenant (``sub``, ``org_id``) that the
 Tinker SDK obtains from ``auth/token`` and then presents instead of its API key; the key check in
-:mod:`twinkle.server.auth` verifies them with :meth:`Signer.verify_jwt`.
+:mod:`twinkle.server.web.auth` verifies them with :meth:`Signer.verify_jwt`.
 
 A token also carries the key it was minted for, sealed (AES-256-GCM under a key derived from the
 secret, so only this server can read it): publishing to the hub with the caller's own key (the

@@ -23,7 +23,7 @@ from twinkle.errors import (
     TwinkleError,
     UnknownAdapterError,
 )
-from twinkle.server.request_ids import current_request_id, new_request_id
+from twinkle.server.web.request_ids import current_request_id, new_request_id
 
 logger = get_logger(__name__)
 
