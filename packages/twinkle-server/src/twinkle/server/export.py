@@ -37,7 +37,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Request
@@ -54,6 +54,7 @@ from twinkle.server.env import (
 from twinkle.server.hub import HubPublisher, HubToken, check_hf_token, upload_folder_to_hf
 from twinkle.server.process.threads import off_loop
 from twinkle.server.web.auth import caller_key
+from twinkle.server.web.bind import bind_router, bound
 from twinkle.server.web.errors import BadRequest, Forbidden, NotFound, ServiceError
 from twinkle.server.web.http import read_json
 
@@ -392,51 +393,63 @@ def _check_fields(body: dict[str, Any], known: set[str]) -> None:
         raise BadRequest(f"unknown field(s) {unknown}; known: {sorted(known)}")
 
 
+router = APIRouter()
+Ctx = Annotated[ServerContext, bound("twinkle_ctx")]
+Exports = Annotated[ExportService, bound("export_service")]
+
+
+def _base_url(request: Request) -> str:
+    return str(request.url).split("/merged_exports", 1)[0]
+
+
+@router.post("/merged_exports")
+async def start(request: Request, ctx: Ctx, service: Exports) -> dict:
+    owner = ctx.authenticate(request.headers)
+    body = await read_json(request, ctx.server_args.max_request_bytes)
+    _check_fields(body, _EXPORT_FIELDS)
+    status = await off_loop(
+        service.start, owner, body.get("twinkle_path"), body.get("max_shard_size")
+    )
+    return service.with_urls(status, _base_url(request))
+
+
+@router.get("/merged_exports/{export_id}")
+async def status(export_id: str, request: Request, ctx: Ctx, service: Exports) -> dict:
+    owner = ctx.authenticate(request.headers)
+    return service.with_urls(service.status(owner, export_id), _base_url(request))
+
+
+@router.get(f"/{_FILES}/{{export_id}}/{{name}}")
+async def download(
+    export_id: str, name: str, service: Exports, expires: str = "", signature: str = ""
+):
+    """No API key: the URL's signature is the credential."""
+    path = service.file(export_id, name, expires, signature)
+    return FileResponse(path, media_type="application/octet-stream", filename=name)
+
+
+@router.post("/merged_exports/publish")
+async def publish(request: Request, ctx: Ctx, service: Exports) -> dict:
+    owner = ctx.authenticate(request.headers)
+    body = await read_json(request, ctx.server_args.max_request_bytes)
+    _check_fields(body, _PUBLISH_FIELDS)
+    presented = caller_key(request.headers, ctx.signer)
+    status = await off_loop(service.publish, owner, body, presented)
+    return {k: v for k, v in status.items() if k != "owner"}
+
+
+@router.get("/merged_exports/publish/{publish_id}")
+async def publish_status(publish_id: str, request: Request, ctx: Ctx, service: Exports) -> dict:
+    owner = ctx.authenticate(request.headers)
+    return service.publish_status(owner, publish_id)
+
+
 def create_export_router(ctx: ServerContext) -> APIRouter:
-    router = APIRouter()
+    """:data:`router` over ``ctx`` and an :class:`ExportService` of its own."""
     service = ExportService(ctx)
-    max_bytes = ctx.server_args.max_request_bytes
-
-    def base_url(request: Request) -> str:
-        return str(request.url).split("/merged_exports", 1)[0]
-
-    @router.post("/merged_exports")
-    async def start(request: Request) -> dict:
-        owner = ctx.authenticate(request.headers)
-        body = await read_json(request, max_bytes)
-        _check_fields(body, _EXPORT_FIELDS)
-        status = await off_loop(
-            service.start, owner, body.get("twinkle_path"), body.get("max_shard_size")
-        )
-        return service.with_urls(status, base_url(request))
-
-    @router.get("/merged_exports/{export_id}")
-    async def status(export_id: str, request: Request) -> dict:
-        owner = ctx.authenticate(request.headers)
-        return service.with_urls(service.status(owner, export_id), base_url(request))
-
-    @router.get(f"/{_FILES}/{{export_id}}/{{name}}")
-    async def download(export_id: str, name: str, expires: str = "", signature: str = ""):
-        """No API key: the URL's signature is the credential."""
-        path = service.file(export_id, name, expires, signature)
-        return FileResponse(path, media_type="application/octet-stream", filename=name)
-
-    @router.post("/merged_exports/publish")
-    async def publish(request: Request) -> dict:
-        owner = ctx.authenticate(request.headers)
-        body = await read_json(request, max_bytes)
-        _check_fields(body, _PUBLISH_FIELDS)
-        presented = caller_key(request.headers, ctx.signer)
-        status = await off_loop(service.publish, owner, body, presented)
-        return {k: v for k, v in status.items() if k != "owner"}
-
-    @router.get("/merged_exports/publish/{publish_id}")
-    async def publish_status(publish_id: str, request: Request) -> dict:
-        owner = ctx.authenticate(request.headers)
-        return service.publish_status(owner, publish_id)
-
-    router.export_service = service  # type: ignore[attr-defined] - for tests and the console
-    return router
+    bound_router = bind_router(router, twinkle_ctx=ctx, export_service=service)
+    bound_router.export_service = service  # type: ignore[attr-defined] - for tests and the console
+    return bound_router
 
 
 __all__ = ["ExportService", "create_export_router", "parse_shard_size"]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -49,6 +49,7 @@ from twinkle.server.gateway.openai_responses import (
     stream_events,
 )
 from twinkle.server.process.threads import off_loop
+from twinkle.server.web.bind import bind_router, bound
 from twinkle.server.web.errors import ServiceError, Unauthorized, from_exception
 from twinkle.server.web.http import read_json
 
@@ -356,44 +357,52 @@ def _json_body(model: type) -> dict[str, Any]:
     }
 
 
+router = APIRouter(prefix=MOUNT_PATH, tags=["openai"])
+Ctx = Annotated[ServerContext, bound("twinkle_ctx")]
+Service = Annotated[OpenAIService, bound("openai_service")]
+
+
+def _owner_of(ctx: ServerContext, request: Request) -> str:
+    try:
+        return ctx.authenticate(request.headers)
+    except ServiceError as exc:
+        raise _from_service(exc) from None
+
+
+@router.get("/models")
+async def list_models(request: Request, ctx: Ctx, service: Service):
+    return await _guarded(lambda: service.list_models(_owner_of(ctx, request)))
+
+
+@router.get("/models/{model:path}")
+async def get_model(model: str, request: Request, ctx: Ctx, service: Service):
+    return await _guarded(lambda: _now(service.get_model, _owner_of(ctx, request), model))
+
+
+@router.post("/chat/completions", openapi_extra=_json_body(ChatCompletionRequest))
+async def chat(request: Request, ctx: Ctx, service: Service):
+    async def run():
+        owner = _owner_of(ctx, request)
+        req = await _body(request, ChatCompletionRequest, ctx)
+        return await chat_completions(service, owner, req)
+
+    return await _guarded(run)
+
+
+@router.post("/completions", openapi_extra=_json_body(CompletionRequest))
+async def complete(request: Request, ctx: Ctx, service: Service):
+    async def run():
+        owner = _owner_of(ctx, request)
+        return await completions(service, owner, await _body(request, CompletionRequest, ctx))
+
+    return await _guarded(run)
+
+
 def create_openai_router(ctx: ServerContext, backends: Backends) -> APIRouter:
-    """The API's routes under :data:`MOUNT_PATH`; every answer of theirs, errors included,
-    is in OpenAI's shape."""
-    router = APIRouter(prefix=MOUNT_PATH, tags=["openai"])
-    service = OpenAIService(ctx, backends)
-
-    def owner_of(request: Request) -> str:
-        try:
-            return ctx.authenticate(request.headers)
-        except ServiceError as exc:
-            raise _from_service(exc) from None
-
-    @router.get("/models")
-    async def list_models(request: Request):
-        return await _guarded(lambda: service.list_models(owner_of(request)))
-
-    @router.get("/models/{model:path}")
-    async def get_model(model: str, request: Request):
-        return await _guarded(lambda: _now(service.get_model, owner_of(request), model))
-
-    @router.post("/chat/completions", openapi_extra=_json_body(ChatCompletionRequest))
-    async def chat(request: Request):
-        async def run():
-            owner = owner_of(request)
-            req = await _body(request, ChatCompletionRequest, ctx)
-            return await chat_completions(service, owner, req)
-
-        return await _guarded(run)
-
-    @router.post("/completions", openapi_extra=_json_body(CompletionRequest))
-    async def complete(request: Request):
-        async def run():
-            owner = owner_of(request)
-            return await completions(service, owner, await _body(request, CompletionRequest, ctx))
-
-        return await _guarded(run)
-
-    return router
+    """The API's routes under :data:`MOUNT_PATH` (:data:`router`, over an
+    :class:`OpenAIService` of ``ctx`` and ``backends``); every answer of theirs, errors
+    included, is in OpenAI's shape."""
+    return bind_router(router, twinkle_ctx=ctx, openai_service=OpenAIService(ctx, backends))
 
 
 __all__ = ["MOUNT_PATH", "OpenAIService", "create_openai_router"]

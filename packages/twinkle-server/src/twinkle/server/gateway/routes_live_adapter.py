@@ -13,13 +13,14 @@ another key's adapter is a 404 and nothing is published.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
 
 from twinkle.server.context import ServerContext
 from twinkle.server.gateway.backends import Backends
 from twinkle.server.sampler.protocol import INFLIGHT_SCHEME
+from twinkle.server.web.bind import bind_router, bound
 from twinkle.server.web.errors import BadRequest
 from twinkle.server.web.http import read_json
 
@@ -60,16 +61,21 @@ def parse_publish_body(body: dict[str, Any]) -> tuple[str, str, str]:
     return base_model, name, encoding
 
 
+router = APIRouter()
+Ctx = Annotated[ServerContext, bound("twinkle_ctx")]
+Models = Annotated[Backends, bound("gateway_backends")]
+
+
+@router.post("/publish_live_adapter")
+async def publish(request: Request, ctx: Ctx, backends: Models) -> dict:
+    owner = ctx.authenticate(request.headers)
+    body = await read_json(request, ctx.server_args.max_request_bytes)
+    return await publish_live_adapter(backends, owner, *parse_publish_body(body))
+
+
 def create_live_adapter_router(ctx: ServerContext, backends: Backends) -> APIRouter:
-    router = APIRouter()
-
-    @router.post("/publish_live_adapter")
-    async def publish(request: Request) -> dict:
-        owner = ctx.authenticate(request.headers)
-        body = await read_json(request, ctx.server_args.max_request_bytes)
-        return await publish_live_adapter(backends, owner, *parse_publish_body(body))
-
-    return router
+    """:data:`router` over ``ctx`` (auth, limits) and ``backends``."""
+    return bind_router(router, twinkle_ctx=ctx, gateway_backends=backends)
 
 
 __all__ = ["create_live_adapter_router", "parse_publish_body", "publish_live_adapter"]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from ray import serve
 
 from twinkle.server.config import ApplicationConfig, ServerConfig, base_model_name
@@ -13,6 +13,7 @@ from twinkle.server.process.threads import build_on_model_thread, cpu_threads
 from twinkle.server.ratelimit import RateLimiter
 from twinkle.server.sampler.service import SampleLimits, SamplerService
 from twinkle.server.telemetry import serve_traced, setup_telemetry
+from twinkle.server.web.bind import bind_router, bound
 from twinkle.server.web.http import (
     DEFAULT_MAX_REQUEST_BYTES,
     Authenticator,
@@ -99,28 +100,47 @@ def build_sampler_service(app_config: ApplicationConfig, context) -> SamplerServ
     )
 
 
+router = APIRouter()
+Service = Annotated[SamplerService, bound("sampler_service")]
+Authenticate = Annotated[Authenticator, bound("authenticate")]
+MaxBytes = Annotated[int, bound("max_request_bytes")]
+
+
+@router.get("/healthz")
+async def healthz(service: Service) -> dict:
+    return {"status": "ok", "base_model": service.base_model}
+
+
+@router.post("/{op}")
+async def call(
+    op: str,
+    request: Request,
+    service: Service,
+    authenticate: Authenticate,
+    max_request_bytes: MaxBytes,
+):
+    owner = authenticate(request.headers)
+    return {"result": await service.call(owner, op, await read_json(request, max_request_bytes))}
+
+
 def create_sampler_app(
     service: SamplerService,
     authenticate: Authenticator,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> FastAPI:
     """``POST /sample``, ``/set_template``, ``/publish_adapter`` and ``/add_adapter_to_sampler``
-    with JSON bodies; ``GET /healthz``."""
+    with JSON bodies; ``GET /healthz`` (:data:`router`'s routes)."""
     app = FastAPI(title=f"Twinkle sampler {service.base_model}")
     install_error_handlers(app)
     document_bodies(app, sampler_bodies, expand="/{op}")
-
-    @app.get("/healthz")
-    async def healthz() -> dict:
-        return {"status": "ok", "base_model": service.base_model}
-
-    @app.post("/{op}")
-    async def call(op: str, request: Request):
-        owner = authenticate(request.headers)
-        return {
-            "result": await service.call(owner, op, await read_json(request, max_request_bytes))
-        }
-
+    app.include_router(
+        bind_router(
+            router,
+            sampler_service=service,
+            authenticate=authenticate,
+            max_request_bytes=max_request_bytes,
+        )
+    )
     return app
 
 
