@@ -199,7 +199,7 @@ def test_an_adapter_lost_in_a_restart_is_reported_lost_never_fresh(shared_model,
 def test_disk_full_mid_checkpoint_keeps_the_previous_one_and_lists_no_broken_one(
     tmp_path, monkeypatch
 ):
-    import twinkle.model.transformers._checkpoints as writer
+    import twinkle.model.engine._checkpoints as writer
 
     server = local_server(tmp_path)
     route = "/api/v1/model/tiny/qwen3"

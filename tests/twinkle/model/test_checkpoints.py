@@ -109,7 +109,7 @@ def test_a_crash_mid_save_leaves_no_checkpoint(tmp_path, monkeypatch):
     good = m.save("ck", output_dir=tmp_path, save_optimizer=True)
     before = sorted(os.listdir(good))
 
-    import twinkle.model.transformers._checkpoints as impl
+    import twinkle.model.engine._checkpoints as impl
 
     def boom(*args, **kwargs):
         raise OSError("disk full")

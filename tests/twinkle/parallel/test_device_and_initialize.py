@@ -146,6 +146,11 @@ def test_http_mode_needs_a_config_and_the_server(monkeypatch):
     monkeypatch.delenv("TWINKLE_SERVER_CONFIG", raising=False)
     with pytest.raises(ValueError, match="needs the server config or device groups"):
         initialize(mode="http")
+    # twinkle-server not installed: neither the package nor any of its modules imports.
+    for name in [
+        m for m in sys.modules if m == "twinkle.server" or m.startswith("twinkle.server.")
+    ]:
+        monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.setitem(sys.modules, "twinkle.server", None)
     with pytest.raises(ImportError, match="pip install twinkle-server"):
         initialize(mode="http", config=tiny_config_data())

@@ -167,8 +167,8 @@ def _merge_into(
     from safetensors.torch import load_file
 
     from twinkle.hub import remote_code_guard
+    from twinkle.model.engine._checkpoints import check_finite_weights
     from twinkle.model.transformers._auto import auto_model_class
-    from twinkle.model.transformers._checkpoints import check_finite_weights
 
     check_finite_weights(load_file(str(adapter_dir / ckpt.ADAPTER_WEIGHTS)))
     with remote_code_guard(model_dir) as trust, torch.no_grad():

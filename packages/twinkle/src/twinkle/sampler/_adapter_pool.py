@@ -238,13 +238,14 @@ class AdapterPool:
 
 def live_adapter_tensors(model: Any, adapter_name: str | None) -> dict[str, torch.Tensor]:
     """``model``'s adapter weights, PEFT-keyed: the trainer's own tensors (detached, no copy)
-    when it is the plain transformers model in this process, else its ``adapter_state_dict``
-    (a copy; e.g. Megatron maps its sharded names). Read them before the next step."""
-    from twinkle.model import MultiLoraTransformersModel
+    when it is a tenant engine in this process with the engine's own ``adapter_state_dict``,
+    else its ``adapter_state_dict`` (a copy; e.g. a pipeline stage gathers the others'). Read
+    them before the next step."""
+    from twinkle.model.engine import TenantEngine
 
     tenant = model.tenant(adapter_name)  # pages the adapter in when paging is on
     module = getattr(model, "model", None)
-    own = type(model).adapter_state_dict is MultiLoraTransformersModel.adapter_state_dict
+    own = type(model).adapter_state_dict is TenantEngine.adapter_state_dict
     if not own or not isinstance(module, nn.Module):
         return model.adapter_state_dict(adapter_name)
     return {key: w.detach() for key, w in keyed_weights(module, tenant.name).items()}

@@ -1,4 +1,4 @@
-"""The checkpoint half of :class:`~twinkle.model.transformers.MultiLoraTransformersModel`: save,
+"""The checkpoint half of :class:`~twinkle.model.engine.TenantEngine`: save,
 load, resume, hub upload and the adapter's PEFT state (the file logic is in :mod:`._checkpoints`)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from twinkle.errors import ArgumentTypeError, InvalidArgumentError
+from twinkle.model.engine import _checkpoints
 from twinkle.model.lora import adapter_state_dict, load_adapter_state_dict
-from twinkle.model.transformers import _checkpoints
 from twinkle_client.types import SavedCheckpoint
 
 DEFAULT_POLL_INTERVAL_S = 2.0  # the remote model's; a local upload's Future needs no polling

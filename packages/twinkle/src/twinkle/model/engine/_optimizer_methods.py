@@ -1,6 +1,6 @@
-"""The optimizer side of the transformers multi-LoRA model: clipping, steps, schedules.
+"""The optimizer side of the tenant engine: clipping, steps, schedules.
 
-A mixin of :class:`~twinkle.model.transformers.multi_lora.MultiLoraTransformersModel`, which
+A mixin of :class:`~twinkle.model.engine.TenantEngine`, which
 provides ``tenant``, ``set_optimizer``, ``_pinned`` and ``_small_cpu``; the arithmetic lives in
 :mod:`twinkle.model.step.optimizer`.
 """

@@ -34,11 +34,11 @@ import torch.distributed as dist
 
 from twinkle.model import checkpoint as ckpt
 from twinkle.model import multi_step, torch_compat
+from twinkle.model.engine import _checkpoints
 from twinkle.model.lora.inject import PEFT_PREFIX
 from twinkle.model.megatron._pp import PipelineCausalLM, check_pp
 from twinkle.model.megatron.multi_lora import MultiLoraMegatronModel
 from twinkle.model.tenant import Tenant
-from twinkle.model.transformers import _checkpoints
 
 _LAYER = re.compile(re.escape(PEFT_PREFIX) + r"model\.layers\.(\d+)\.")
 _HEAD = PEFT_PREFIX + "lm_head."  # the LM head's adapter: on the last stage

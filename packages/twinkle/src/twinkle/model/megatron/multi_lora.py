@@ -1,4 +1,4 @@
-"""``MultiLoraMegatronModel``: the transformers backend's API over a megatron-core GPTModel."""
+"""``MultiLoraMegatronModel``: the tenant engine over a megatron-core GPTModel."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import torch
 
 from twinkle.errors import InvalidArgumentError
 from twinkle.hub import load_config, resolve_model_dir
+from twinkle.model.engine import BaseModel, TenantEngine
 from twinkle.model.lora import LoraRouter, adapter_spec_from_config
 from twinkle.model.megatron import _build, _moe, _tp_optim
 from twinkle.model.megatron._model import MegatronCausalLM
 from twinkle.model.options import ExecutionOptions, resolve_options
-from twinkle.model.transformers.multi_lora import MultiLoraTransformersModel
 
 #: The optimizers this backend accepts (the seed: "Megatron backend: Adam only").
 #: ``'default'`` is Megatron's default optimizer, Adam.
@@ -57,7 +57,7 @@ def _selects_head_only(selector: Any, hf_config: Any) -> bool:
     return not any(_selects(selector, name) for name in names)
 
 
-class MultiLoraMegatronModel(MultiLoraTransformersModel):
+class MultiLoraMegatronModel(TenantEngine):
     """Many tenants' LoRA adapters on one frozen megatron-core ``GPTModel`` (tensor parallel 1).
 
     Same public API and semantics as :class:`~twinkle.model.MultiLoraTransformersModel` (LoRA on
@@ -80,9 +80,7 @@ class MultiLoraMegatronModel(MultiLoraTransformersModel):
     causal_lm_class = MegatronCausalLM
     #: As the transformers backend's, less paging: adapters sharded over tensor-parallel ranks
     #: are not paged.
-    capabilities = dataclasses.replace(
-        MultiLoraTransformersModel.capabilities, adapter_paging=False
-    )
+    capabilities = dataclasses.replace(TenantEngine.capabilities, adapter_paging=False)
 
     def __init__(
         self,
@@ -95,7 +93,7 @@ class MultiLoraMegatronModel(MultiLoraTransformersModel):
         pp_size: int = 1,
         **unused: Any,
     ) -> None:
-        self.options = resolve_options(options)
+        options = resolve_options(options)
         hf_config = load_config(model_id)
         _build.check_supported(hf_config, model_id)
         try:
@@ -104,18 +102,17 @@ class MultiLoraMegatronModel(MultiLoraTransformersModel):
             raise RuntimeError(
                 "backend 'megatron' needs megatron-core (pip install megatron-core==0.16.1)"
             ) from exc
-        self.model_id = model_id
-        self.model_dir = resolve_model_dir(model_id)
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        model_dir = resolve_model_dir(model_id)
+        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if isinstance(torch_dtype, str) and torch_dtype != "auto":
             torch_dtype = getattr(torch, torch_dtype)
         dtype = (
             torch_dtype
             if isinstance(torch_dtype, torch.dtype)
-            else (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+            else (torch.bfloat16 if device.type == "cuda" else torch.float32)
         )
         _build.check_tp(hf_config, model_id, tp_size)
-        _build.init_megatron(self.device, seed, tp_size, pp_size)
+        _build.init_megatron(device, seed, tp_size, pp_size)
         from megatron.core import parallel_state
 
         self.tp_size, self.tp_rank = tp_size, parallel_state.get_tensor_model_parallel_rank()
@@ -126,26 +123,26 @@ class MultiLoraMegatronModel(MultiLoraTransformersModel):
         # megatron-core's own recompute settings, in the config when the options may use them;
         # the step turns them on per pass (``on``: every training pass; ``auto``: a pass over
         # the budget), as on the transformers backend.
-        recompute = self.options.activation_recompute != "off"
+        recompute = options.activation_recompute != "off"
         gpt = _build.build_gpt(hf_config, dtype, pp_size, self.stage, recompute=recompute)
         _build.load_hf_weights(
             gpt,
-            _build.read_hf_state_dict(self.model_dir),
+            _build.read_hf_state_dict(model_dir),
             hf_config,
             tp_size,
             self.tp_rank,
             self.layers,
         )
-        self.router = LoraRouter(kernel=self.options.lora_kernel)
-        self.model = self.causal_lm_class(
-            gpt.to(self.device), hf_config, self.router, self.device, tp_size, self.layers
+        router = LoraRouter(kernel=options.lora_kernel)
+        module = self.causal_lm_class(
+            gpt.to(device), hf_config, router, device, tp_size, self.layers
         )
-        self.model.requires_grad_(False)
-        self.model.eval()
-        self.recompute = self.model.install_recompute(self.router) if recompute else None
-        self.seed = seed
-        self.tenants = {}
-        self.pager = None  # as the transformers backend's (enable_paging sets it)
+        module.requires_grad_(False)
+        module.eval()
+        switch = module.install_recompute(router) if recompute else None
+        super().__init__(
+            BaseModel(model_id, model_dir, device, module, router, options, switch), seed=seed
+        )
 
     def add_adapter_to_model(
         self,
