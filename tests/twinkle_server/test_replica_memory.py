@@ -108,3 +108,26 @@ def test_a_torch_sampler_replica_shares_the_node_and_takes_its_own_budget(tmp_pa
     ) == _cpu_share(1)
     server = local_server(tmp_path, sampler=True)
     assert server.services["sampler"].sampler.options.memory_budget_mb == _cpu_share(2)
+
+
+def test_data_parallel_ranks_share_the_replicas_budget():
+    from twinkle.server.process.placement import model_processes, process_memory_budget_mb
+
+    data = config_dict()
+    args = data["applications"][1]["args"]
+    args["device_group"] = {"name": "model", "ranks": 2, "device_type": "cpu"}
+    args["device_mesh"] = {"device_type": "cpu", "dp_size": 2}
+    model, config = _model_app(data)
+    assert model_processes(model) == 2
+    # The replica's budget is unchanged; each rank's process takes half of it.
+    assert memory_budget_mb(model, config) == _cpu_share(1)
+    assert process_memory_budget_mb(model, config) == _cpu_share(1) // 2
+    args["execution"] = {"memory_budget_mb": 3001}
+    model, config = _model_app(data)
+    assert process_memory_budget_mb(model, config) == 1500
+    # One process (no data parallel): the whole budget.
+    args.pop("device_mesh")
+    args.pop("device_group")
+    model, config = _model_app(data)
+    assert model_processes(model) == 1
+    assert process_memory_budget_mb(model, config) == 3001

@@ -41,8 +41,8 @@ _SERVER_DEFAULTS = {
     "activation_recompute": "Decoder-layer recompute in training passes (auto: only where a "
     "pass would not fit).",
     "memory_budget_mb": "Most memory (MiB) a model replica may hold: weights, tenants' states "
-    "and a pass's activations. A batch over it runs as row chunks or is refused before any "
-    "work. Default: the replica's Ray memory resource when given, else on a CPU node an equal "
+    "and a pass's activations (shared equally by its data-parallel or megatron ranks). A batch "
+    "over it runs as row chunks or is refused before any work. Default: the replica's Ray memory resource when given, else on a CPU node an equal "
     "share of the node's memory among the config's model replicas "
     "(twinkle.server.process.placement.memory_budget_mb), on a GPU the device's free memory.",
 }

@@ -21,8 +21,8 @@ from twinkle.server.model.tinker_ops import tinker_operations
 from twinkle.server.process.placement import (
     megatron_rank_options,
     megatron_world,
-    memory_budget_mb,
     placement_of,
+    process_memory_budget_mb,
     worker_options,
 )
 from twinkle.server.process.threads import build_on_model_thread, cpu_threads
@@ -62,7 +62,7 @@ def build_service(app_config: ApplicationConfig, context) -> ModelService:
             kwargs["ep_size"] = mesh.ep_size
     torch_backend = args.backend != "mock"
     options = args.execution.options().replace(
-        memory_budget_mb=memory_budget_mb(app_config, getattr(context, "config", None))
+        memory_budget_mb=process_memory_budget_mb(app_config, getattr(context, "config", None))
     )
     if torch_backend:
         kwargs["options"] = options

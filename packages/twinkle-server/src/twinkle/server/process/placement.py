@@ -140,6 +140,26 @@ def memory_budget_mb(app_config: ApplicationConfig, config: ServerConfig | None)
     return max(1, int((total - CONTROL_PLANE_RESERVE_MB) * MODEL_SHARE / max(1, replicas)))
 
 
+def model_processes(app_config: ApplicationConfig) -> int:
+    """How many processes hold the replica's torch model: its data-parallel ranks (Ray actors),
+    a megatron world's ranks, else the replica itself (1)."""
+    mesh = getattr(app_config.args, "device_mesh", None)
+    if megatron_world(app_config):
+        return mesh.ep_size if mesh.ep_size > 1 else mesh.dp_size * mesh.pp_size * mesh.tp_size
+    return dp_size(app_config)
+
+
+def process_memory_budget_mb(
+    app_config: ApplicationConfig, config: ServerConfig | None
+) -> int | None:
+    """Each model-holding process's share of the replica's :func:`memory_budget_mb`: the
+    replica's budget bounds all its ranks together, so ``dp_size`` ranks get a share each."""
+    budget = memory_budget_mb(app_config, config)
+    if budget is None:
+        return None
+    return max(1, budget // model_processes(app_config))
+
+
 def _holds_torch_model(app_config: ApplicationConfig) -> bool:
     """Whether the application's replicas hold a torch model in their own memory."""
     if app_config.import_path == "model":

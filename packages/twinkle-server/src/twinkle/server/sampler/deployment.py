@@ -34,7 +34,8 @@ def create_sampler(
     """The sampler for ``sampler_type`` (torch, vllm, mock); with ``device_mesh.dp_size`` N > 1,
     N replicas as Ray actors (``twinkle.parallel.DataParallelSampler``), requests spread over them.
     ``max_length`` bounds prompt plus completion (:class:`SampleLimits`); a torch sampler's
-    memory budget defaults from ``server_config`` (:func:`twinkle.server.process.placement.memory_budget_mb`)."""
+    memory budget defaults from ``server_config``, shared by its data-parallel ranks
+    (:func:`twinkle.server.process.placement.process_memory_budget_mb`)."""
     args = app_config.args
     if args.sampler_type not in _SAMPLER_CLASSES:
         raise ValueError(f"unknown sampler_type {args.sampler_type!r}; use torch, vllm or mock")
@@ -44,10 +45,10 @@ def create_sampler(
     }
     if args.sampler_type == "torch":
         kwargs["max_loras"] = args.max_loras
-        from twinkle.server.process.placement import memory_budget_mb
+        from twinkle.server.process.placement import process_memory_budget_mb
 
         kwargs["options"] = args.execution.options().replace(
-            memory_budget_mb=memory_budget_mb(app_config, server_config)
+            memory_budget_mb=process_memory_budget_mb(app_config, server_config)
         )
     mesh = args.device_mesh
     if args.sampler_type == "vllm":
