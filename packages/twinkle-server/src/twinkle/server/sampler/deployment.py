@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, FastAPI
 from ray import serve
 
 from twinkle.server.config import ApplicationConfig, ServerConfig, base_model_name
@@ -13,12 +13,12 @@ from twinkle.server.process.threads import build_on_model_thread, cpu_threads
 from twinkle.server.ratelimit import RateLimiter
 from twinkle.server.sampler.service import SampleLimits, SamplerService
 from twinkle.server.telemetry import serve_traced, setup_telemetry
+from twinkle.server.web import operations
 from twinkle.server.web.bind import bind_router, bound
 from twinkle.server.web.http import (
     DEFAULT_MAX_REQUEST_BYTES,
     Authenticator,
     install_error_handlers,
-    read_json,
 )
 from twinkle.server.web.openapi_bodies import document_bodies, sampler_bodies
 
@@ -103,25 +103,11 @@ def build_sampler_service(app_config: ApplicationConfig, context) -> SamplerServ
 
 router = APIRouter()
 Service = Annotated[SamplerService, bound("sampler_service")]
-Authenticate = Annotated[Authenticator, bound("authenticate")]
-MaxBytes = Annotated[int, bound("max_request_bytes")]
 
 
 @router.get("/healthz")
 async def healthz(service: Service) -> dict:
     return {"status": "ok", "base_model": service.base_model}
-
-
-@router.post("/{op}")
-async def call(
-    op: str,
-    request: Request,
-    service: Service,
-    authenticate: Authenticate,
-    max_request_bytes: MaxBytes,
-):
-    owner = authenticate(request.headers)
-    return {"result": await service.call(owner, op, await read_json(request, max_request_bytes))}
 
 
 def create_sampler_app(
@@ -130,14 +116,15 @@ def create_sampler_app(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> FastAPI:
     """``POST /sample``, ``/set_template``, ``/publish_adapter`` and ``/add_adapter_to_sampler``
-    with JSON bodies; ``GET /healthz`` (:data:`router`'s routes)."""
+    with JSON bodies (:mod:`twinkle.server.web.operations`); ``GET /healthz`` (:data:`router`'s)."""
     app = FastAPI(title=f"Twinkle sampler {service.base_model}")
     install_error_handlers(app)
     document_bodies(app, sampler_bodies, expand="/{op}")
+    app.include_router(bind_router(router, sampler_service=service))
     app.include_router(
         bind_router(
-            router,
-            sampler_service=service,
+            operations.router,
+            operation_service=service,
             authenticate=authenticate,
             max_request_bytes=max_request_bytes,
         )
