@@ -88,16 +88,19 @@ def compare(bench: str, records: list[dict]) -> list[dict]:
     spec = BENCHES[bench]
     groups: dict[tuple, dict[str, dict[str, list[float]]]] = {}
     for record in records:
-        if not all(k in record for k in spec["key"]):
-            continue
-        ident = tuple(record[k] for k in spec["key"])
+        if not any(isinstance(record.get(f), (int, float)) for f in spec["figures"]):
+            continue  # a meta line
+        ident = tuple(record.get(k) for k in spec["key"])
         tree = groups.setdefault(ident, {}).setdefault(record["tree"], {})
         for figure in spec["figures"]:
             if isinstance(record.get(figure), (int, float)):
                 tree.setdefault(figure, []).append(float(record[figure]))
     out = []
     for ident, trees in groups.items():
-        row: dict = {"compare": bench, **dict(zip(spec["key"], ident))}
+        row: dict = {
+            "compare": bench,
+            **{k: v for k, v in zip(spec["key"], ident) if v is not None},
+        }
         for figure in spec["figures"]:
             before = trees.get("before", {}).get(figure)
             after = trees.get("after", {}).get(figure)
