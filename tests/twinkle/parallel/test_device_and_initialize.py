@@ -121,11 +121,12 @@ def test_build_service_passes_the_mesh_to_the_backend(monkeypatch):
         "device_type": "cpu",
         "worker_options": {"num_cpus": 0.25, "resources": {"trainer": 1.0}},
         # The model's execution options (the config's execution: block, here all defaults),
-        # with the replica's memory budget (a share of this CPU node).
+        # with each rank's half of the replica's memory budget (a share of this CPU node).
         "options": ExecutionOptions.from_env(
             memory_budget_mb=memory_budget_mb(
                 next(a for a in config.applications if a.import_path == "model"), None
             )
+            // 2
         ),
     }
 
