@@ -19,21 +19,28 @@ def test_without_vllm_construction_raises_import_error_with_advice():
         vLLMSampler("tiny://qwen3")
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    if not HAS_VLLM:
-        pytest.skip("vllm is not importable")
+def _saved_adapter(name, output_dir):
+    """A model with a rank-8 adapter on q/v (non-zero B) saved as a PEFT checkpoint: the model
+    and the checkpoint's path."""
     from twinkle.model import MultiLoraTransformersModel
-    from twinkle.sampler import vLLMSampler
 
     trainer = MultiLoraTransformersModel(MODEL, torch_dtype="float32", device="cpu")
     trainer.add_adapter_to_model(
-        "a",
+        name,
         LoraConfig(
             r=8, lora_alpha=16, init_lora_weights=False, target_modules=["q_proj", "v_proj"]
         ),
     )
-    path = trainer.save("a", output_dir=tmp_path_factory.mktemp("vllm"))
+    return trainer, trainer.save(name, output_dir=output_dir)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    if not HAS_VLLM:
+        pytest.skip("vllm is not importable")
+    from twinkle.sampler import vLLMSampler
+
+    trainer, path = _saved_adapter("a", tmp_path_factory.mktemp("vllm"))
     sampler = vLLMSampler(
         MODEL,
         engine_args={"dtype": "float32", "max_lora_rank": 8, "gpu_memory_utilization": 0.5},
@@ -100,17 +107,9 @@ def test_a_merged_export_loads_in_vllm_and_generates_what_base_plus_adapter_does
     from vllm import LLM, SamplingParams
 
     from twinkle.hub import resolve_model_dir
-    from twinkle.model import MultiLoraTransformersModel
     from twinkle.model.export import merge_adapter
 
-    trainer = MultiLoraTransformersModel(MODEL, torch_dtype="float32", device="cpu")
-    trainer.add_adapter_to_model(
-        "m",
-        LoraConfig(
-            r=8, lora_alpha=16, init_lora_weights=False, target_modules=["q_proj", "v_proj"]
-        ),
-    )
-    checkpoint = trainer.save("m", output_dir=tmp_path / "ckpt")
+    _, checkpoint = _saved_adapter("m", tmp_path / "ckpt")
     merged = merge_adapter(MODEL, checkpoint, tmp_path / "merged", max_shard_size="20MB")
     assert "model.safetensors.index.json" in merged.files  # sharded
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 from fastapi import APIRouter, FastAPI
 
 from twinkle.server.processor.service import ProcessorService
-from twinkle.server.web import operations
-from twinkle.server.web.bind import bind_router
 from twinkle.server.web.http import (
     DEFAULT_MAX_REQUEST_BYTES,
     Authenticator,
     install_error_handlers,
 )
 from twinkle.server.web.openapi_bodies import document_bodies, processor_bodies
+from twinkle.server.web.operations import operation_routes
 
 router = APIRouter()
 
@@ -31,7 +30,8 @@ def create_processor_app(
 
     Operations: ``create_dataset``, ``set_template``, ``map``, ``filter`` (declined: it needs
     code), ``encode``, ``len``, ``rows``, ``delete_dataset``; replies are ``{"result": ...}``.
-    ``/healthz`` is :data:`router`'s, ``/<op>`` :mod:`twinkle.server.web.operations`'.
+    ``/healthz`` is :data:`router`'s, ``/<op>`` comes from
+    :func:`twinkle.server.web.operations.operation_routes`.
     """
     service = service or ProcessorService()
     app = FastAPI(title="Twinkle processor")
@@ -39,12 +39,5 @@ def create_processor_app(
     document_bodies(app, processor_bodies, expand="/{op}")
     app.state.service = service
     app.include_router(router)
-    app.include_router(
-        bind_router(
-            operations.router,
-            operation_service=service,
-            authenticate=authenticate,
-            max_request_bytes=max_request_bytes,
-        )
-    )
+    app.include_router(operation_routes(service, authenticate, max_request_bytes))
     return app

@@ -13,7 +13,6 @@ from twinkle.server.process.threads import build_on_model_thread, cpu_threads
 from twinkle.server.ratelimit import RateLimiter
 from twinkle.server.sampler.service import SampleLimits, SamplerService
 from twinkle.server.telemetry import serve_traced, setup_telemetry
-from twinkle.server.web import operations
 from twinkle.server.web.bind import bind_router, bound
 from twinkle.server.web.http import (
     DEFAULT_MAX_REQUEST_BYTES,
@@ -21,6 +20,7 @@ from twinkle.server.web.http import (
     install_error_handlers,
 )
 from twinkle.server.web.openapi_bodies import document_bodies, sampler_bodies
+from twinkle.server.web.operations import operation_routes
 
 _SAMPLER_CLASSES = {"torch": "TorchSampler", "vllm": "vLLMSampler", "mock": "MockSampler"}
 
@@ -116,19 +116,12 @@ def create_sampler_app(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> FastAPI:
     """``POST /sample``, ``/set_template``, ``/publish_adapter`` and ``/add_adapter_to_sampler``
-    with JSON bodies (:mod:`twinkle.server.web.operations`); ``GET /healthz`` (:data:`router`'s)."""
+    with JSON bodies (:func:`twinkle.server.web.operations.operation_routes`); ``GET /healthz`` (:data:`router`'s)."""
     app = FastAPI(title=f"Twinkle sampler {service.base_model}")
     install_error_handlers(app)
     document_bodies(app, sampler_bodies, expand="/{op}")
     app.include_router(bind_router(router, sampler_service=service))
-    app.include_router(
-        bind_router(
-            operations.router,
-            operation_service=service,
-            authenticate=authenticate,
-            max_request_bytes=max_request_bytes,
-        )
-    )
+    app.include_router(operation_routes(service, authenticate, max_request_bytes))
     return app
 
 

@@ -4,8 +4,8 @@ A router whose handlers are module-level functions is one object shared by every
 one process (tests build several), so it holds no per-app state. The factory that includes it
 binds this app's objects instead (:func:`bind_router`): a router-level dependency
 (:class:`Bind`) stores them on ``request.state`` before the handler runs, and a handler reads
-one with a parameter ``Annotated[T, bound("name")]``. The Tinker routers do the same with their
-own ``BindApi``.
+one with a parameter ``Annotated[T, bound("name")]``. Every router of module-level handlers
+(the Tinker API's included) is bound this way.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``POST /{op}``: the JSON body handed to a service's ``call(owner, op, body)`` and answered as
 ``{"result": ...}``, for the deployments whose every operation is such a call (processor,
-sampler). The app binds its service as ``operation_service`` (:func:`~.bind.bind_router`)."""
+sampler). An app includes :func:`operation_routes` over its service."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated, Any, Protocol
 
 from fastapi import APIRouter, Request
 
-from twinkle.server.web.bind import bound
+from twinkle.server.web.bind import bind_router, bound
 from twinkle.server.web.http import Authenticator, read_json
 
 
@@ -31,4 +31,16 @@ async def call(
     return {"result": await service.call(owner, op, await read_json(request, max_request_bytes))}
 
 
-__all__ = ["OperationService", "router"]
+def operation_routes(
+    service: OperationService, authenticate: Authenticator, max_request_bytes: int
+) -> APIRouter:
+    """:data:`router` bound to one app's ``service``, key check and body limit."""
+    return bind_router(
+        router,
+        operation_service=service,
+        authenticate=authenticate,
+        max_request_bytes=max_request_bytes,
+    )
+
+
+__all__ = ["OperationService", "operation_routes", "router"]

@@ -1,7 +1,8 @@
 """The Tinker-compatible API (``/api/v1``): what the unmodified ``tinker`` SDK calls.
 
 One module per endpoint group, each a router of module-level handlers: a handler takes the
-caller (:data:`._deps.Owner`), this server's :class:`~twinkle.server.tinker.api.TinkerApi` and
+caller (:data:`._deps.Owner`), this server's :class:`~twinkle.server.tinker.api.TinkerApi`
+(bound to the request, :mod:`twinkle.server.web.bind`) and
 its request as the SDK's own type (:func:`._deps.sdk_body`), and calls the service function of
 its group (:mod:`..training`, :mod:`..sampling`, :mod:`..weights`, ...). Protobuf bodies are
 decoded by :mod:`..wire`. The shared session, run and checkpoint endpoints are the gateway's
@@ -10,7 +11,7 @@ decoded by :mod:`..wire`. The shared session, run and checkpoint endpoints are t
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 
 from twinkle.server.context import ServerContext
 from twinkle.server.gateway.backends import Backends
@@ -25,7 +26,7 @@ from twinkle.server.tinker.routers import (
     weights,
     weights_external,
 )
-from twinkle.server.tinker.routers._deps import BindApi
+from twinkle.server.web.bind import bind_router
 
 GROUPS = (client, training, weights, weights_external, sampling, futures, sessions, admin)
 
@@ -33,9 +34,10 @@ GROUPS = (client, training, weights, weights_external, sampling, futures, sessio
 def create_tinker_router(ctx: ServerContext, backends: Backends) -> APIRouter:
     """Every Tinker endpoint group over one :class:`TinkerApi` of ``ctx`` and ``backends``."""
     api = TinkerApi(ctx, backends)
-    router = APIRouter(dependencies=[Depends(BindApi(api))])
+    groups = APIRouter()
     for group in GROUPS:
-        router.include_router(group.router)
+        groups.include_router(group.router)
+    router = bind_router(groups, tinker_api=api)
     router.tinker_api = api  # type: ignore[attr-defined]  # for tests and benchmarks
     return router
 

@@ -9,29 +9,14 @@ from fastapi import Depends, Request
 
 from twinkle.server.tinker.api import TinkerApi
 from twinkle.server.tinker.request_fields import parse
+from twinkle.server.web.bind import bound
 from twinkle.server.web.errors import PayloadTooLarge
 from twinkle.server.web.http import read_json
 
-
-class BindApi:
-    """Router dependency: the :class:`TinkerApi` of the router a request came in by.
-
-    The handlers are module-level and shared by every app built in one process (tests build
-    several), so each app's Tinker router hands its own instance to the request.
-    """
-
-    def __init__(self, api: TinkerApi) -> None:
-        self.api = api
-
-    def __call__(self, request: Request) -> None:
-        request.state.tinker_api = self.api
-
-
-def tinker_api(request: Request) -> TinkerApi:
-    return request.state.tinker_api
-
-
-Api = Annotated[TinkerApi, Depends(tinker_api)]
+#: This server's Tinker API, bound to each request by ``create_tinker_router``
+#: (:func:`~twinkle.server.web.bind.bind_router`: the handlers are module-level and shared by
+#: every app built in one process).
+Api = Annotated[TinkerApi, bound("tinker_api")]
 
 
 def caller(request: Request, api: Api) -> str:
