@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 
+from twinkle.model.options import ExecutionOptions
 from twinkle.model.step.plan import GPU_FREE_FRACTION, ModelShape, head_chunk_bytes
 
 GIB = 1 << 30
@@ -39,7 +40,7 @@ MODES = (
 #: What the memory takes besides weights and activations (CUDA context, allocator slack,
 #: adapters and their optimizer states of a few tenants).
 OVERHEAD_BYTES = 4 * GIB
-CHUNK_BYTES = 128 << 20
+CHUNK_BYTES = ExecutionOptions().linear_chunk_bytes
 
 
 def table() -> list[str]:

@@ -58,10 +58,11 @@ class ExecutionOptions:
             MLPs (:mod:`twinkle.model.transformers.lean`; bit-identical gradients, no extra
             matrix work). Off only to measure.
         linear_logprobs: Token log-probs come from the last hidden states and the LM head in
-            chunks of tokens (:mod:`twinkle.model.step.linear_logprobs`), never as the
+            tiles (:mod:`twinkle.model.step.linear_logprobs`), never as the
             ``[tokens, vocab]`` logits, where the head is a plain linear layer (same values).
             Off only to measure, or for a head the check does not recognise.
-        linear_chunk_bytes: fp32 logits one chunk of that computation holds at a time.
+        linear_chunk_bytes: fp32 logits one tile of that computation (a chunk of tokens by
+            a slice of the vocabulary) holds at a time.
         activation_recompute: Training passes keep only each decoder layer's input and run
             the layer again in the backward (:mod:`twinkle.model.transformers.recompute`; same
             results, about a third more compute). ``auto``: only for a pass that exceeds the
@@ -89,7 +90,7 @@ class ExecutionOptions:
     split_batches: bool = False
     lean_activations: bool = True
     linear_logprobs: bool = True
-    linear_chunk_bytes: int = field(default=128 << 20, metadata={"ge": 1})
+    linear_chunk_bytes: int = field(default=32 << 20, metadata={"ge": 1})
     activation_recompute: Recompute = "auto"
     memory_budget_mb: int | None = field(default=None, metadata={"ge": 1})
 

@@ -1,26 +1,27 @@
-"""Token log-probabilities straight from the last hidden states and the LM head, in token chunks.
+"""Token log-probabilities straight from the last hidden states and the LM head, in tiles.
 
 ``log p(target_t) = h_t . w_target - logsumexp(h_t W^T)``. The usual path materialises the
 ``[tokens, vocab]`` logits, their log-softmax and, in backward, their gradient: at a 150k-250k
-vocabulary that is several megabytes per token, more than the decoder layers keep. Here each chunk
-of tokens computes its logits, keeps only what the loss needs and drops them, so no tensor of
-``[tokens, vocab]`` outlives one chunk:
+vocabulary that is several megabytes per token, more than the decoder layers keep. Here the
+logits are walked in tiles of (a chunk of tokens) x (a slice of the vocabulary), with a running
+maximum and running sums per token (the online softmax of flash attention), so no tile outlives
+its step and no tensor of ``[tokens, vocab]`` is ever whole (:class:`Tiles`):
 
 - a frozen head (a LoRA base model's): the gradient of ``log p(target_t)`` with respect to
   ``h_t`` is ``w_target - E_p[w]``, and the expected head row ``E_p[w] = softmax_t @ W`` is one
-  ``[hidden]`` vector per token, taken in the forward from the chunk's softmax. Backward is then
-  a gather and a subtraction: no second pass over the vocabulary.
-- a trainable head: backward computes each chunk's logits again and turns them into the
-  gradients of the hidden states and the head.
+  ``[hidden]`` vector per token, summed in the forward over the tiles' exponentials. Backward is
+  then a gather and a subtraction: no second pass over the vocabulary.
+- a trainable head, or one with a LoRA adapter: backward computes each tile's logits again and
+  turns them into the gradients of the hidden states, the adapter and the head.
 
 Values and gradients equal the materialised path's (same fp32 arithmetic per row, in another
 summation order).
 
 A head split by vocabulary rows over a process group (megatron's tensor parallel,
-:class:`VocabShard`) takes the same chunks: each rank computes its rows' logits of the chunk, and
-the row maximum, the sum of exponentials (and the entropy's sum) are all-reduced over the group,
-the target's logit coming from the rank that holds it; each rank's gradient of the (whole)
-hidden states is its rows' part, which the shard's ``enter`` sums over the group in backward.
+:class:`VocabShard`) takes the same tiles over its own rows: the row maximum, the sum of
+exponentials (and the entropy's sum) are all-reduced over the group, the target's logit coming
+from the rank that holds it; each rank's gradient of the (whole) hidden states is its rows' part,
+which the shard's ``enter`` sums over the group in backward.
 """
 
 from __future__ import annotations
@@ -33,11 +34,27 @@ import torch.distributed as dist
 
 from twinkle.data_format import IGNORE_INDEX
 
-# Logits bytes (fp32) one chunk may hold: the chunk's tokens are this over 4 * vocab. On a CPU a
-# product of a few rows with the [vocab, hidden] head costs nearly what one of hundreds of rows
-# does (the head is re-packed per call), so chunks are kept at a few hundred rows; figures in
-# docs/performance.md ("Logits-free log-probs").
-DEFAULT_CHUNK_BYTES = 256 << 20
+# fp32 logits one tile of (tokens x vocabulary columns) may hold; ExecutionOptions.linear_chunk_bytes
+# sets it for the training step.
+DEFAULT_CHUNK_BYTES = 32 << 20
+# Fewest vocabulary columns a tile takes. The tile spans the chunk's tokens and a slice of the
+# head's rows: a product of many tokens with a slice of the head runs at full speed, where a
+# product of a few tokens with the whole head pays for re-packing all of it per call (on a CPU
+# 220-token chunks take about 1.5x as long as tiles of all 1,024 tokens; docs/performance.md).
+MIN_TILE_COLUMNS = 4096
+
+
+class Tiles(NamedTuple):
+    """How a ``[tokens, vocab]`` logits matrix is walked: ``rows`` tokens at a time, and within
+    them ``columns`` vocabulary entries at a time."""
+
+    rows: int
+    columns: int
+
+    @classmethod
+    def of(cls, tokens: int, vocab: int, chunk_bytes: int) -> Tiles:
+        columns = min(vocab, max(MIN_TILE_COLUMNS, chunk_bytes // (4 * max(tokens, 1))))
+        return cls(max(1, min(max(tokens, 1), chunk_bytes // (4 * columns))), max(1, columns))
 
 
 class VocabShard(NamedTuple):
@@ -67,39 +84,201 @@ def _targets_of(targets_C, vocab_rows, shard):
     return valid_C, torch.where(owned_C, local_C, 0), owned_C
 
 
+class _Head(NamedTuple):
+    """The head one chunk of tokens goes through: ``logits = hidden W^T (+ u B^T)``."""
+
+    weight_V_H: torch.Tensor
+    lora_B_V_R: torch.Tensor | None = None
+
+    @property
+    def vocab(self) -> int:
+        return self.weight_V_H.shape[0]
+
+    def logits(self, hidden_C_H, u_C_R, cols):
+        """The chunk's fp32 logits over the vocabulary columns ``cols`` (a slice)."""
+        out = (hidden_C_H @ self.weight_V_H[cols].T).float()
+        if self.lora_B_V_R is not None:
+            out.addmm_(u_C_R.float(), self.lora_B_V_R[cols].T.float())
+        return out
+
+
+def _column_slices(vocab, columns):
+    return [slice(c, min(c + columns, vocab)) for c in range(0, vocab, columns)]
+
+
+def _chunk_stats(head, hidden_C_H, u_C_R, targets_C, tiles, want_entropy, shard, expect_rows):
+    """(logprobs, hits, logsumexp, entropies or None, expected head rows or None) of one chunk
+    of tokens, walking the vocabulary in tiles with a running maximum (the online softmax): each
+    tile's logits become ``exp(logit - running max)`` in place and are dropped before the next.
+    ``expect_rows``: also ``softmax @ W`` (this shard's part). ``shard``: the head is this
+    process's rows, and the row figures are reduced over its group."""
+    valid_C, local_C, owned_C = _targets_of(targets_C, head.vocab, shard)
+    target_C = torch.zeros_like(targets_C, dtype=torch.float32)
+    max_C = sum_C = weighted_C = expected_C_H = None
+    for cols in _column_slices(head.vocab, tiles.columns):
+        tile_C_V = head.logits(hidden_C_H, u_C_R, cols)
+        width = tile_C_V.shape[1]
+        here_C = owned_C & (local_C >= cols.start) & (local_C < cols.start + width)
+        at_C = (local_C - cols.start).clamp_(0, width - 1)
+        target_C += torch.where(here_C, tile_C_V.gather(-1, at_C[:, None]).squeeze(-1), 0.0)
+        # The running maximum serves both the stable logsumexp and the argmax hit (the target's
+        # logit is the largest; amax, not argmax, which is much slower on CPU and differs only
+        # on an exact tie).
+        new_max_C = tile_C_V.amax(-1) if max_C is None else torch.maximum(max_C, tile_C_V.amax(-1))
+        shifted_C_V = tile_C_V.sub_(new_max_C[:, None])
+        tile_weighted_C = (shifted_C_V.exp() * shifted_C_V).sum(-1) if want_entropy else None
+        exps_C_V = shifted_C_V.exp_()
+        tile_sum_C = exps_C_V.sum(-1)
+        tile_expected_C_H = (
+            (exps_C_V.to(head.weight_V_H.dtype) @ head.weight_V_H[cols]).float()
+            if expect_rows
+            else None
+        )
+        del tile_C_V, shifted_C_V, exps_C_V
+        if max_C is None:
+            sum_C, weighted_C, expected_C_H = tile_sum_C, tile_weighted_C, tile_expected_C_H
+        else:
+            sum_C, weighted_C, expected_C_H = _rescaled(
+                max_C, new_max_C, sum_C, weighted_C, expected_C_H
+            )
+            sum_C += tile_sum_C
+            if want_entropy:
+                weighted_C += tile_weighted_C
+            if expect_rows:
+                expected_C_H += tile_expected_C_H
+        max_C = new_max_C
+    if shard is not None:
+        local_max_C = max_C.clone()
+        dist.all_reduce(max_C, op=dist.ReduceOp.MAX, group=shard.group)
+        sum_C, weighted_C, expected_C_H = _rescaled(
+            local_max_C, max_C, sum_C, weighted_C, expected_C_H
+        )
+        parts = [sum_C, torch.where(owned_C, target_C, 0.0)]
+        parts += [weighted_C] if want_entropy else []
+        reduced = torch.stack(parts)
+        dist.all_reduce(reduced, group=shard.group)
+        sum_C, target_C = reduced[0], reduced[1]
+        if want_entropy:
+            weighted_C = reduced[2]
+    lse_C = max_C + sum_C.log()
+    return (
+        torch.where(valid_C, target_C - lse_C, 0.0),
+        valid_C & (target_C >= max_C),
+        lse_C,
+        sum_C.log() - weighted_C / sum_C if want_entropy else None,
+        expected_C_H / sum_C[:, None] if expect_rows else None,
+    )
+
+
+def _rescaled(old_max_C, new_max_C, sum_C, weighted_C, expected_C_H):
+    """The running sums of ``exp(logit - old max)`` (and of ``exp(s) * s``, ``exp(s) * w``)
+    re-based to ``new max``: ``sum e^(l - n) (l - n) = r (sum e^(l - o) (l - o) + (o - n)
+    sum e^(l - o))`` with ``r = e^(o - n)``."""
+    shift_C = old_max_C - new_max_C
+    ratio_C = shift_C.exp()
+    if weighted_C is not None:
+        weighted_C = (weighted_C + shift_C * sum_C) * ratio_C
+    if expected_C_H is not None:
+        expected_C_H = expected_C_H * ratio_C[:, None]
+    return sum_C * ratio_C, weighted_C, expected_C_H
+
+
+def _forward(head, hidden_N_H, u_N_R, targets_N, tiles, want_entropy, shard, expect_rows):
+    """Every chunk's figures: (logprobs, hits, logsumexps, entropies ([0] when not asked),
+    expected head rows or None)."""
+    tokens = hidden_N_H.shape[0]
+    logprobs_N = hidden_N_H.new_zeros(tokens, dtype=torch.float32)
+    hits_N = torch.zeros(tokens, dtype=torch.bool, device=hidden_N_H.device)
+    lse_N = hidden_N_H.new_zeros(tokens, dtype=torch.float32)
+    entropy_N = hidden_N_H.new_zeros(tokens if want_entropy else 0, dtype=torch.float32)
+    expected_N_H = (
+        hidden_N_H.new_zeros(hidden_N_H.shape, dtype=torch.float32) if expect_rows else None
+    )
+    for start in range(0, tokens, tiles.rows):
+        rows = slice(start, start + tiles.rows)
+        logprobs_N[rows], hits_N[rows], lse_N[rows], entropy_C, expected_C_H = _chunk_stats(
+            head,
+            hidden_N_H[rows],
+            None if u_N_R is None else u_N_R[rows],
+            targets_N[rows],
+            tiles,
+            want_entropy,
+            shard,
+            expect_rows,
+        )
+        if want_entropy:
+            entropy_N[rows] = entropy_C
+        if expect_rows:
+            expected_N_H[rows] = expected_C_H
+    return logprobs_N, hits_N, lse_N, entropy_N, expected_N_H
+
+
+def _backward(head, hidden_N_H, u_N_R, targets_N, lse_N, grad_N, tiles, shard, needs):
+    """Gradients of (hidden, u, W, B) from each tile's logits computed again: ``d logprob /
+    d logits = onehot(target) - softmax``, times the log-probs' gradient, zero for ignored
+    tokens. ``needs``: which of the four are wanted (None for the others)."""
+    need_h, need_u, need_w, need_b = needs
+    grad_h = torch.zeros_like(hidden_N_H) if need_h else None
+    grad_u = torch.zeros_like(u_N_R) if need_u else None
+    grad_w = torch.zeros_like(head.weight_V_H, dtype=torch.float32) if need_w else None
+    grad_b = torch.zeros_like(head.lora_B_V_R, dtype=torch.float32) if need_b else None
+    weight_V_H, lora_B_V_R = head.weight_V_H, head.lora_B_V_R
+    for start in range(0, hidden_N_H.shape[0], tiles.rows):
+        rows = slice(start, start + tiles.rows)
+        h_C_H = hidden_N_H[rows]
+        u_C_R = None if u_N_R is None else u_N_R[rows]
+        valid_C, local_C, owned_C = _targets_of(targets_N[rows], head.vocab, shard)
+        scale_C = torch.where(valid_C, grad_N[rows].float(), 0.0)
+        lse_C = lse_N[rows]
+        acc_h = h_C_H.new_zeros(h_C_H.shape, dtype=torch.float32) if need_h else None
+        acc_u = u_C_R.new_zeros(u_C_R.shape, dtype=torch.float32) if need_u else None
+        for cols in _column_slices(head.vocab, tiles.columns):
+            grad_C_V = head.logits(h_C_H, u_C_R, cols)
+            width = grad_C_V.shape[1]
+            grad_C_V.sub_(lse_C[:, None]).exp_().mul_(-scale_C[:, None])
+            here_C = owned_C & (local_C >= cols.start) & (local_C < cols.start + width)
+            at_C = (local_C - cols.start).clamp_(0, width - 1)
+            grad_C_V.scatter_add_(-1, at_C[:, None], torch.where(here_C, scale_C, 0.0)[:, None])
+            if need_h:
+                acc_h += (grad_C_V.to(weight_V_H.dtype) @ weight_V_H[cols]).float()
+            if need_u:
+                acc_u += (grad_C_V.to(lora_B_V_R.dtype) @ lora_B_V_R[cols]).float()
+            if need_w:
+                grad_w[cols] += grad_C_V.T @ h_C_H.float()
+            if need_b:
+                grad_b[cols] += grad_C_V.T @ u_C_R.float()
+        if need_h:
+            grad_h[rows] = acc_h.to(h_C_H.dtype)
+        if need_u:
+            grad_u[rows] = acc_u.to(u_C_R.dtype)
+    grad_w = grad_w.to(weight_V_H.dtype) if need_w else None
+    grad_b = grad_b.to(lora_B_V_R.dtype) if need_b else None
+    return grad_h, grad_u, grad_w, grad_b
+
+
 class _LinearLogprobs(torch.autograd.Function):
     """``(hidden [N, H], weight [V, H], targets [N]) -> (logprobs [N], argmax hits [N],
-    entropies [N] or [0])``; ``shard``: ``weight`` is this process's rows of the head."""
+    entropies [N] or [0])``; ``shard``: ``weight`` is this process's rows of the head.
+
+    A frozen head (a LoRA base model's): the gradient of ``log p(target_t)`` with respect to
+    ``h_t`` is ``w_target - E_p[w]``, and the expected head row ``E_p[w] = softmax_t @ W`` is one
+    ``[hidden]`` vector per token, taken in the forward from each tile's exponentials. Backward
+    is then a gather and a subtraction: no second pass over the vocabulary. A trainable head:
+    backward computes each tile's logits again."""
 
     @staticmethod
-    def forward(ctx, hidden_N_H, weight_V_H, targets_N, chunk, want_entropy, shard=None):
+    def forward(ctx, hidden_N_H, weight_V_H, targets_N, tiles, want_entropy, shard=None):
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         expect_rows = need_hidden and not need_weight
-        tokens = hidden_N_H.shape[0]
-        logprobs_N = hidden_N_H.new_zeros(tokens, dtype=torch.float32)
-        hits_N = torch.zeros(tokens, dtype=torch.bool, device=hidden_N_H.device)
-        lse_N = hidden_N_H.new_zeros(tokens, dtype=torch.float32)
-        entropy_N = hidden_N_H.new_zeros(tokens if want_entropy else 0, dtype=torch.float32)
-        expected_N_H = (
-            hidden_N_H.new_zeros(hidden_N_H.shape, dtype=torch.float32) if expect_rows else None
+        logprobs_N, hits_N, lse_N, entropy_N, expected_N_H = _forward(
+            _Head(weight_V_H), hidden_N_H, None, targets_N, tiles, want_entropy, shard, expect_rows
         )
-        for start in range(0, tokens, chunk):
-            rows = slice(start, start + chunk)
-            logits_C_V = (hidden_N_H[rows] @ weight_V_H.T).float()
-            stats = _chunk_stats(logits_C_V, targets_N[rows], want_entropy, shard)
-            logprobs_N[rows], hits_N[rows], lse_N[rows] = stats[:3]
-            if want_entropy:
-                entropy_N[rows] = stats[3]
-            if expect_rows:  # softmax @ W (this shard's part), from the exponentials in place
-                probs_C_V = logits_C_V.div_(stats[-1][:, None])
-                expected_N_H[rows] = (probs_C_V.to(weight_V_H.dtype) @ weight_V_H).float()
-            del logits_C_V
         if expect_rows:
             ctx.save_for_backward(weight_V_H, targets_N, expected_N_H)
         else:
             ctx.save_for_backward(hidden_N_H, weight_V_H, targets_N, lse_N)
         ctx.expect_rows = expect_rows
-        ctx.chunk, ctx.shard = chunk, shard
+        ctx.tiles, ctx.shard = tiles, shard
         ctx.hidden_dtype = hidden_N_H.dtype
         ctx.mark_non_differentiable(hits_N, entropy_N)
         return logprobs_N, hits_N, entropy_N
@@ -114,145 +293,64 @@ class _LinearLogprobs(torch.autograd.Function):
             target_rows_N_H = weight_V_H[local_N].float() * owned_N[:, None]
             grad_hidden = (target_rows_N_H - expected_N_H).mul_(scale_N[:, None])
             return grad_hidden.to(ctx.hidden_dtype), None, None, None, None, None
-        return _recomputed_backward(ctx, grad_logprobs_N)
-
-
-def _recomputed_backward(ctx, grad_logprobs_N):
-    """Backward for a trainable head: each chunk's logits again, then both gradients."""
-    hidden_N_H, weight_V_H, targets_N, lse_N = ctx.saved_tensors
-    need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    grad_hidden = torch.zeros_like(hidden_N_H) if need_hidden else None
-    grad_weight = torch.zeros_like(weight_V_H, dtype=torch.float32) if need_weight else None
-    for start in range(0, hidden_N_H.shape[0], ctx.chunk):
-        rows = slice(start, start + ctx.chunk)
-        hidden_C_H = hidden_N_H[rows]
-        grad_logits_C_V = _logits_grad(
-            (hidden_C_H @ weight_V_H.T).float(),
-            targets_N[rows],
-            lse_N[rows],
-            grad_logprobs_N[rows],
+        hidden_N_H, weight_V_H, targets_N, lse_N = ctx.saved_tensors
+        needs = (ctx.needs_input_grad[0], False, ctx.needs_input_grad[1], False)
+        grad_h, _, grad_w, _ = _backward(
+            _Head(weight_V_H),
+            hidden_N_H,
+            None,
+            targets_N,
+            lse_N,
+            grad_logprobs_N,
+            ctx.tiles,
             ctx.shard,
+            needs,
         )
-        if need_hidden:
-            grad_hidden[rows] = (grad_logits_C_V.to(weight_V_H.dtype) @ weight_V_H).to(
-                hidden_N_H.dtype
-            )
-        if need_weight:
-            grad_weight += grad_logits_C_V.T @ hidden_C_H.float()
-    if need_weight:
-        grad_weight = grad_weight.to(weight_V_H.dtype)
-    return grad_hidden, grad_weight, None, None, None, None
-
-
-def _logits_grad(logits_C_V, targets_C, lse_C, grad_C, shard):
-    """d logprob / d logits = onehot(target) - softmax, times the log-probs' gradient, zero for
-    ignored tokens; in place over a chunk's recomputed fp32 logits (this shard's columns)."""
-    valid_C, local_C, owned_C = _targets_of(targets_C, logits_C_V.shape[1], shard)
-    scale_C = torch.where(valid_C, grad_C.float(), 0.0)
-    logits_C_V.sub_(lse_C[:, None]).exp_().mul_(-scale_C[:, None])
-    at_target_C = torch.where(owned_C, scale_C, 0.0)
-    return logits_C_V.scatter_add_(-1, local_C[:, None], at_target_C[:, None])
+        return grad_h, grad_w, None, None, None, None
 
 
 class _LoraHeadLogprobs(torch.autograd.Function):
     """Log-probs through a head with a LoRA adapter: ``logits = h W^T + u B^T``, where
     ``u = scaling * dropout(h) A^T`` (``[N, r]``, computed by autograd outside) and ``W`` is the
     frozen base head. ``(hidden [N, H], u [N, r], W [V, H], B [V, r], targets [N]) ->
-    (logprobs [N], hits [N], entropies [N] or [0])``. Backward computes each chunk's logits again
+    (logprobs [N], hits [N], entropies [N] or [0])``. Backward computes each tile's logits again
     and gives the gradients of ``h``, ``u`` and ``B`` (``[V, r]``, small); ``W`` gets one only
     when it is trainable. ``shard``: ``W`` and ``B`` are this process's rows."""
 
     @staticmethod
     def forward(
-        ctx, hidden_N_H, u_N_R, weight_V_H, lora_B_V_R, targets_N, chunk, want_entropy, shard=None
+        ctx, hidden_N_H, u_N_R, weight_V_H, lora_B_V_R, targets_N, tiles, want_entropy, shard=None
     ):
-        tokens = hidden_N_H.shape[0]
-        logprobs_N = hidden_N_H.new_zeros(tokens, dtype=torch.float32)
-        hits_N = torch.zeros(tokens, dtype=torch.bool, device=hidden_N_H.device)
-        lse_N = hidden_N_H.new_zeros(tokens, dtype=torch.float32)
-        entropy_N = hidden_N_H.new_zeros(tokens if want_entropy else 0, dtype=torch.float32)
-        for start in range(0, tokens, chunk):
-            rows = slice(start, start + chunk)
-            logits_C_V = _lora_logits(hidden_N_H[rows], u_N_R[rows], weight_V_H, lora_B_V_R)
-            stats = _chunk_stats(logits_C_V, targets_N[rows], want_entropy, shard)
-            logprobs_N[rows], hits_N[rows], lse_N[rows] = stats[:3]
-            if want_entropy:
-                entropy_N[rows] = stats[3]
+        logprobs_N, hits_N, lse_N, entropy_N, _ = _forward(
+            _Head(weight_V_H, lora_B_V_R),
+            hidden_N_H,
+            u_N_R,
+            targets_N,
+            tiles,
+            want_entropy,
+            shard,
+            False,
+        )
         ctx.save_for_backward(hidden_N_H, u_N_R, weight_V_H, lora_B_V_R, targets_N, lse_N)
-        ctx.chunk, ctx.shard = chunk, shard
+        ctx.tiles, ctx.shard = tiles, shard
         ctx.mark_non_differentiable(hits_N, entropy_N)
         return logprobs_N, hits_N, entropy_N
 
     @staticmethod
     def backward(ctx, grad_logprobs_N, _grad_hits, _grad_entropy):
         hidden_N_H, u_N_R, weight_V_H, lora_B_V_R, targets_N, lse_N = ctx.saved_tensors
-        need_h, need_u, need_w, need_b = ctx.needs_input_grad[:4]
-        grad_h = torch.zeros_like(hidden_N_H) if need_h else None
-        grad_u = torch.zeros_like(u_N_R) if need_u else None
-        grad_w = torch.zeros_like(weight_V_H, dtype=torch.float32) if need_w else None
-        grad_b = torch.zeros_like(lora_B_V_R, dtype=torch.float32) if need_b else None
-        for start in range(0, hidden_N_H.shape[0], ctx.chunk):
-            rows = slice(start, start + ctx.chunk)
-            h_C_H, u_C_R = hidden_N_H[rows], u_N_R[rows]
-            grad_C_V = _logits_grad(
-                _lora_logits(h_C_H, u_C_R, weight_V_H, lora_B_V_R),
-                targets_N[rows],
-                lse_N[rows],
-                grad_logprobs_N[rows],
-                ctx.shard,
-            )
-            if need_h:
-                grad_h[rows] = (grad_C_V.to(weight_V_H.dtype) @ weight_V_H).to(h_C_H.dtype)
-            if need_u:
-                grad_u[rows] = (grad_C_V.to(lora_B_V_R.dtype) @ lora_B_V_R).to(u_C_R.dtype)
-            if need_w:
-                grad_w += grad_C_V.T @ h_C_H.float()
-            if need_b:
-                grad_b += grad_C_V.T @ u_C_R.float()
-        grad_w = grad_w.to(weight_V_H.dtype) if need_w else None
-        grad_b = grad_b.to(lora_B_V_R.dtype) if need_b else None
-        return grad_h, grad_u, grad_w, grad_b, None, None, None, None
-
-
-def _lora_logits(hidden_C_H, u_C_R, weight_V_H, lora_B_V_R):
-    """A chunk's fp32 logits through the base head plus its low-rank delta."""
-    return (hidden_C_H @ weight_V_H.T).float().addmm_(u_C_R.float(), lora_B_V_R.T.float())
-
-
-def _chunk_stats(logits_C_V, targets_C, want_entropy, shard=None):
-    """(logprobs, hits, logsumexp[, entropies], sum of exponentials) of a chunk's fp32 logits,
-    which become ``exp(logit - row max)`` in place; ``shard``: the logits are this process's
-    columns, and the row figures are reduced over its group."""
-    valid_C, local_C, owned_C = _targets_of(targets_C, logits_C_V.shape[1], shard)
-    target_logit_C = logits_C_V.gather(-1, local_C[:, None]).squeeze(-1)
-    # The row maximum serves both the stable logsumexp and the argmax hit (the target's logit
-    # is the largest; amax, not argmax, which is much slower on CPU and differs only on an exact
-    # tie).
-    max_C = logits_C_V.amax(-1)
-    if shard is not None:
-        dist.all_reduce(max_C, op=dist.ReduceOp.MAX, group=shard.group)
-    shifted_C_V = logits_C_V.sub_(max_C[:, None])
-    if want_entropy:  # H = log sum e^s - sum(e^s s) / sum e^s, with s = logit - max
-        weighted_C = (shifted_C_V.exp() * shifted_C_V).sum(-1)
-    sum_C = shifted_C_V.exp_().sum(-1)
-    if shard is not None:  # the target's logit from the shard holding it, zeros elsewhere
-        parts = [sum_C, torch.where(owned_C, target_logit_C, 0.0)]
-        parts += [weighted_C] if want_entropy else []
-        reduced = torch.stack(parts)
-        dist.all_reduce(reduced, group=shard.group)
-        sum_C, target_logit_C = reduced[0], reduced[1]
-        if want_entropy:
-            weighted_C = reduced[2]
-    lse_C = max_C + sum_C.log()
-    out = [
-        torch.where(valid_C, target_logit_C - lse_C, 0.0),
-        valid_C & (target_logit_C >= max_C),
-        lse_C,
-    ]
-    if want_entropy:
-        out.append(sum_C.log() - weighted_C / sum_C)
-    out.append(sum_C)
-    return out
+        grads = _backward(
+            _Head(weight_V_H, lora_B_V_R),
+            hidden_N_H,
+            u_N_R,
+            targets_N,
+            lse_N,
+            grad_logprobs_N,
+            ctx.tiles,
+            ctx.shard,
+            tuple(ctx.needs_input_grad[:4]),
+        )
+        return (*grads, None, None, None, None)
 
 
 class LoraHeadRows(NamedTuple):
@@ -291,9 +389,10 @@ def linear_token_logprobs(
         hidden_B_T_H: The last (normalised) hidden states.
         weight_V_H: The LM head's weight (the input embeddings for a tied head).
         targets_B_T: Target token ids, -100 where none.
-        chunk_bytes: fp32 logits one chunk of tokens may hold.
+        chunk_bytes: fp32 logits one tile of tokens x vocabulary columns may hold
+            (:class:`Tiles`).
         entropies: Also the entropy of each token's distribution (one more pass over each
-            chunk's logits).
+            tile's logits).
         lora: Row ranges whose head carries an adapter (:class:`LoraHeadRows`, not
             overlapping); the other rows go through the plain head.
         shard: ``weight`` is this process's rows of a head split over a group
@@ -306,7 +405,6 @@ def linear_token_logprobs(
     """
     batch, seq, width = hidden_B_T_H.shape
     vocab = weight_V_H.shape[0]
-    chunk = max(1, chunk_bytes // (4 * vocab))
     if shard is not None:
         hidden_B_T_H = shard.enter(hidden_B_T_H)
     parts, row = [], 0
@@ -317,7 +415,7 @@ def linear_token_logprobs(
                     hidden_B_T_H[row : seg.start],
                     weight_V_H,
                     targets_B_T[row : seg.start],
-                    chunk,
+                    chunk_bytes,
                     entropies,
                     shard,
                 )
@@ -333,7 +431,7 @@ def linear_token_logprobs(
                 weight_V_H,
                 lora_B,
                 targets_B_T[seg.start : seg.end].reshape(-1),
-                chunk,
+                Tiles.of(rows * seq, vocab, chunk_bytes),
                 entropies,
                 shard,
             )
@@ -341,7 +439,7 @@ def linear_token_logprobs(
         row = seg.end
     if row < batch or not parts:
         parts.append(
-            _plain(hidden_B_T_H[row:], weight_V_H, targets_B_T[row:], chunk, entropies, shard)
+            _plain(hidden_B_T_H[row:], weight_V_H, targets_B_T[row:], chunk_bytes, entropies, shard)
         )
     logprobs_N, hits_N, entropy_N = (
         parts[0] if len(parts) == 1 else [torch.cat(column) for column in zip(*parts)]
@@ -353,13 +451,13 @@ def linear_token_logprobs(
     )
 
 
-def _plain(hidden_B_T_H, weight_V_H, targets_B_T, chunk, entropies, shard=None):
+def _plain(hidden_B_T_H, weight_V_H, targets_B_T, chunk_bytes, entropies, shard=None):
     rows, seq, width = hidden_B_T_H.shape
     return _LinearLogprobs.apply(
         hidden_B_T_H.reshape(rows * seq, width),
         weight_V_H,
         targets_B_T.reshape(-1),
-        chunk,
+        Tiles.of(rows * seq, weight_V_H.shape[0], chunk_bytes),
         entropies,
         shard,
     )
@@ -367,7 +465,9 @@ def _plain(hidden_B_T_H, weight_V_H, targets_B_T, chunk, entropies, shard=None):
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
+    "MIN_TILE_COLUMNS",
     "LoraHeadRows",
+    "Tiles",
     "TokenStats",
     "VocabShard",
     "linear_token_logprobs",
