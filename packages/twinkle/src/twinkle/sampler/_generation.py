@@ -69,8 +69,8 @@ class DecodeBatch:
         chunk_bytes: int | None = None,
     ) -> list[list[float | None]]:
         """Per row, ``log p(prompt[t] | prompt[:t])``; ``None`` for the first token. From the
-        prefill's logits, or logits-free from its last hidden states and the LM head (in chunks
-        of tokens: no ``[B, T, V]`` tensor)."""
+        prefill's logits, or logits-free from its last hidden states and the LM head (in tiles
+        of tokens by vocabulary columns: no ``[B, T, V]`` tensor)."""
         width = self.ids_B_T.shape[1]
         if logits_B_T_V is not None:
             lp_B_T = torch.log_softmax(logits_B_T_V[:, :-1].float(), dim=-1).gather(

@@ -21,9 +21,9 @@ layer is untied: the first stage's embedding stays frozen as it is).
 Logits-free log-probs (one pipeline stage): :meth:`MegatronCausalLM.last_hidden_states` stops at
 the final normalised hidden states (the output layer hands its input back instead of the logits)
 and :meth:`MegatronCausalLM.linear_head_weight` gives the output layer's weight (the embedding's
-where tied), so the step takes log-probs from them in chunks of tokens
+where tied), so the step takes log-probs from them in tiles
 (:mod:`twinkle.model.step.linear_logprobs`), the ``lm_head`` adapters' low-rank part included. At
-tp > 1 the weight is this rank's vocab shard and each chunk's row figures are reduced over the
+tp > 1 the weight is this rank's vocab shard and each token's row figures are reduced over the
 tensor-parallel group (:meth:`MegatronCausalLM.vocab_shard`): no rank holds a whole row of logits.
 
 Activation recompute: :class:`MegatronRecompute` runs megatron-core's own full per-layer recompute

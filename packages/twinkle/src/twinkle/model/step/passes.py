@@ -3,8 +3,8 @@ each go through their own tenant's adapter, then the targets' log-probabilities 
 batches that need them, pooled last hidden states or the logits of a teacher's top-k tokens).
 
 Where the model's LM head is a plain linear layer (with or without tenants' adapters on it), the
-pass stops at the last hidden states and the log-probs come from them and the head in chunks of
-tokens (:mod:`~twinkle.model.step.linear_logprobs`): no ``[tokens, vocab]`` logits are kept. Any
+pass stops at the last hidden states and the log-probs come from them and the head in tiles of
+tokens by vocabulary columns (:mod:`~twinkle.model.step.linear_logprobs`): no ``[tokens, vocab]`` logits are kept. Any
 other head (softcapped, scaled, with a bias) gives the logits as the model computes them."""
 
 from __future__ import annotations

@@ -195,7 +195,7 @@ class ModelShape:
         - decoder layers: :data:`LAYER_VALUES` x hidden per layer; with recompute each layer
           keeps its input (hidden values) and one layer at a time holds all of its own;
         - the head: the fp32 logits, their log-softmax and gradient (3 x 4 x vocab bytes), or,
-          logits-free, the last hidden state and one fp32 expected head row (the chunk of logits
+          logits-free, the last hidden state and one fp32 expected head row (the tile of logits
           is a fixed cost, :func:`head_chunk_bytes`).
         """
         layer = LAYER_VALUES * self.hidden * self.dtype_bytes
@@ -215,7 +215,7 @@ def activation_bytes_per_token(
 
 
 def head_chunk_bytes(chunk_bytes: int, dtype_bytes: int) -> int:
-    """Peak bytes of one logits-free chunk: its fp32 logits and, below fp32, their copy in the
+    """Peak bytes of one logits-free tile: its fp32 logits and, below fp32, their copy in the
     head's dtype for the expected-row product."""
     return chunk_bytes + (chunk_bytes * dtype_bytes // 4 if dtype_bytes < 4 else 0)
 
