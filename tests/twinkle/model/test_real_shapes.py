@@ -19,6 +19,7 @@ from twinkle.errors import InvalidArgumentError
 from twinkle.model import MultiLoraTransformersModel
 from twinkle.model.step import fused as fused_module
 from twinkle.model.step.passes import linear_head
+from twinkle.model.step.plan import ModelShape, head_chunk_bytes
 
 MODEL = "tiny://qwen3-vocab"
 VOCAB = 151_936
@@ -170,7 +171,11 @@ def test_auto_recomputes_only_the_pass_over_the_budget():
 
 def test_a_row_that_fits_no_memory_is_refused_before_any_work(monkeypatch):
     m = _model(activation_recompute="auto")
-    monkeypatch.setattr(fused_module, "memory_limit_bytes", lambda *_: 140 << 20)
+    # Room for half the row with recompute, in the step's own accounting (the head's tile too).
+    shape = ModelShape.of(m.model)
+    fixed = head_chunk_bytes(m.options.linear_chunk_bytes, shape.dtype_bytes)
+    limit = fixed + shape.pass_bytes(1, 2048, logits_free=True, recompute=True)
+    monkeypatch.setattr(fused_module, "memory_limit_bytes", lambda *_: limit)
     calls = []
     m.model.model.register_forward_pre_hook(lambda *_: calls.append(1))
     request = {"sft": {"inputs": make_batch(rows=1, seq=4096, seed=3, vocab=VOCAB)}}

@@ -16,7 +16,7 @@ from typing import Any
 
 from twinkle.errors import InvalidArgumentError
 
-#: ``peft.LoraConfig().to_dict()`` of peft 0.21.2 (plus ``runtime_config``, which ``to_dict``
+#: ``peft.LoraConfig().to_dict()`` of peft 0.22.0 (plus ``runtime_config``, which ``to_dict``
 #: leaves out); ``tests/twinkle/model/test_lora_fields.py`` checks it against the installed peft.
 PEFT_DEFAULTS: dict[str, Any] = {
     "task_type": None,
@@ -46,6 +46,7 @@ PEFT_DEFAULTS: dict[str, Any] = {
     "loftq_config": {},
     "eva_config": None,
     "corda_config": None,
+    "astra_config": None,
     "lora_ga_config": None,
     "use_dora": False,
     "velora_config": None,
@@ -112,6 +113,7 @@ REASONS: dict[str, str] = {
     "loftq_config": _INIT_CONFIG,
     "eva_config": _INIT_CONFIG,
     "corda_config": _INIT_CONFIG,
+    "astra_config": _INIT_CONFIG,
     "lora_ga_config": _INIT_CONFIG,
     "megatron_config": "Twinkle builds the megatron model itself (backend='megatron')",
     "megatron_core": "Twinkle builds the megatron model itself (backend='megatron')",
