@@ -39,8 +39,8 @@ from twinkle.data_format import IGNORE_INDEX
 DEFAULT_CHUNK_BYTES = 32 << 20
 # Fewest vocabulary columns a tile takes. The tile spans the chunk's tokens and a slice of the
 # head's rows: a product of many tokens with a slice of the head runs at full speed, where a
-# product of a few tokens with the whole head pays for re-packing all of it per call (on a CPU
-# 220-token chunks take about 1.5x as long as tiles of all 1,024 tokens; docs/performance.md).
+# product of a few tokens with the whole head pays for re-packing all of it per call (figures in
+# docs/performance.md, "Tiles of tokens by vocabulary").
 MIN_TILE_COLUMNS = 4096
 
 
