@@ -102,6 +102,13 @@ class _Head(NamedTuple):
         return out
 
 
+def _in_tile(local_C, owned_C, start, width):
+    """(the target is in the tile of columns ``start : start + width``, its column there
+    (clamped into the tile where it is not))."""
+    here_C = owned_C & (local_C >= start) & (local_C < start + width)
+    return here_C, (local_C - start).clamp_(0, width - 1)
+
+
 def _column_slices(vocab, columns):
     return [slice(c, min(c + columns, vocab)) for c in range(0, vocab, columns)]
 
@@ -118,8 +125,7 @@ def _chunk_stats(head, hidden_C_H, u_C_R, targets_C, tiles, want_entropy, shard,
     for cols in _column_slices(head.vocab, tiles.columns):
         tile_C_V = head.logits(hidden_C_H, u_C_R, cols)
         width = tile_C_V.shape[1]
-        here_C = owned_C & (local_C >= cols.start) & (local_C < cols.start + width)
-        at_C = (local_C - cols.start).clamp_(0, width - 1)
+        here_C, at_C = _in_tile(local_C, owned_C, cols.start, width)
         target_C += torch.where(here_C, tile_C_V.gather(-1, at_C[:, None]).squeeze(-1), 0.0)
         # The running maximum serves both the stable logsumexp and the argmax hit (the target's
         # logit is the largest; amax, not argmax, which is much slower on CPU and differs only
@@ -236,8 +242,7 @@ def _backward(head, hidden_N_H, u_N_R, targets_N, lse_N, grad_N, tiles, shard, n
             grad_C_V = head.logits(h_C_H, u_C_R, cols)
             width = grad_C_V.shape[1]
             grad_C_V.sub_(lse_C[:, None]).exp_().mul_(-scale_C[:, None])
-            here_C = owned_C & (local_C >= cols.start) & (local_C < cols.start + width)
-            at_C = (local_C - cols.start).clamp_(0, width - 1)
+            here_C, at_C = _in_tile(local_C, owned_C, cols.start, width)
             grad_C_V.scatter_add_(-1, at_C[:, None], torch.where(here_C, scale_C, 0.0)[:, None])
             if need_h:
                 acc_h += (grad_C_V.to(weight_V_H.dtype) @ weight_V_H[cols]).float()
